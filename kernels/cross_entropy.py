@@ -1,0 +1,272 @@
+"""Fused log-softmax + NLL with label smoothing and ignore_index, mean over
+the non-ignored rows (the semantics of F.cross_entropy(reduction="mean")).
+
+One program per row streams the vocabulary in BLOCK_V chunks with an online
+max / sum-exp, so no (N, V) probability tensor is ever written.  For a row
+with target t and smoothing e over V classes:
+
+    loss = lse - (1 - e) * x[t] - e * mean(x)
+    dx   = softmax(x) - e / V - (1 - e) * onehot(t)      (0 for ignored rows)
+
+``cross_entropy`` saves only the per-row lse (N floats) and recomputes the
+softmax in the backward from the caller's logits, which it never modifies.
+``fused_linear_cross_entropy`` owns its logits, so it computes each row chunk's
+logits, overwrites them in place with the gradient in the forward pass
+(Liger-Kernel's scheme) and immediately folds them into d_hidden / d_weight;
+the full (N, V) logits never exist.  See NOTES.md for the trade-off.
+"""
+import functools
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._common import (NAMESPACE, acc_dtype, interpreting, launch, maybe_autotune,
+                      next_power_of_2, tl, triton)
+
+INTERPRET_META = {"BLOCK_V": 16}  # small chunks: several per row even for tiny V
+
+
+def cross_entropy_torch(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
+                        ignore_index: int = -100) -> Tensor:
+    """Reference path: the built-in op on (N, V) rows."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                           ignore_index=ignore_index, label_smoothing=label_smoothing)
+
+
+def fused_linear_cross_entropy_torch(hidden: Tensor, weight: Tensor, target: Tensor, bias=None,
+                                     label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
+    """Reference path: materialises the full logits."""
+    return cross_entropy_torch(F.linear(hidden, weight, bias), target, label_smoothing, ignore_index)
+
+
+def _configs():
+    # Memory-bound row streaming: bigger chunks amortise the per-chunk
+    # reductions; 8-16 warps keep enough loads in flight on Hopper.
+    return [triton.Config({"BLOCK_V": bv}, num_warps=w)
+            for bv in (1024, 2048, 4096, 8192) for w in (4, 8, 16)]
+
+
+@functools.cache
+def _triton_kernels(interpret: bool):
+    @triton.jit
+    def fwd(LOGITS, TARGET, LOSS, LSE, GRAD_SCALE, stride, V, ignore_index, smoothing,
+            WRITE_GRAD: tl.constexpr, ACC: tl.constexpr, BLOCK_V: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        base = LOGITS + row * stride
+        t = tl.load(TARGET + row)
+        m = tl.full((), float("-inf"), ACC)
+        s = tl.zeros((), ACC)
+        x_sum = tl.zeros((), ACC)
+        for start in range(0, V, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(ACC)
+            m_new = tl.maximum(m, tl.max(x, axis=0))  # finite: chunk 0 has a real column
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            x_sum += tl.sum(tl.where(cols < V, x, 0.0), axis=0)
+            m = m_new
+        lse = m + tl.log(s)
+        ignored = t == ignore_index
+        x_t = tl.load(base + t, mask=t != ignore_index, other=0.0).to(ACC)
+        loss = lse - (1.0 - smoothing) * x_t - smoothing * x_sum / V
+        tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
+        tl.store(LSE + row, lse)
+        if WRITE_GRAD:  # second pass over this row: logits -> d(loss)/d(logits)
+            g = tl.where(ignored, 0.0, tl.load(GRAD_SCALE).to(ACC))
+            for start in range(0, V, BLOCK_V):
+                cols = start + tl.arange(0, BLOCK_V)
+                x = tl.load(base + cols, mask=cols < V, other=0.0).to(ACC)
+                grad = tl.exp(x - lse) - smoothing / V - tl.where(cols == t, 1.0 - smoothing, 0.0)
+                tl.store(base + cols, (grad * g).to(LOGITS.dtype.element_ty), mask=cols < V)
+
+    @triton.jit
+    def bwd(LOGITS, TARGET, LSE, DLOGITS, GRAD_SCALE, stride, dstride, V, ignore_index,
+            smoothing, ACC: tl.constexpr, BLOCK_V: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        t = tl.load(TARGET + row)
+        lse = tl.load(LSE + row)
+        g = tl.where(t == ignore_index, 0.0, tl.load(GRAD_SCALE).to(ACC))
+        for start in range(0, V, BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            x = tl.load(LOGITS + row * stride + cols, mask=cols < V, other=0.0).to(ACC)
+            grad = tl.exp(x - lse) - smoothing / V - tl.where(cols == t, 1.0 - smoothing, 0.0)
+            tl.store(DLOGITS + row * dstride + cols, (grad * g).to(DLOGITS.dtype.element_ty),
+                     mask=cols < V)
+
+    return SimpleNamespace(
+        # The in-place variant rewrites LOGITS, so benchmarking configs must restore it.
+        fwd=maybe_autotune(fwd, _configs(), ["V", "WRITE_GRAD"], interpret,
+                           restore_value=["LOGITS"]),
+        bwd=maybe_autotune(bwd, _configs(), ["V"], interpret),
+    )
+
+
+def _acc_torch(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _ce_rows(logits: Tensor, target: Tensor, loss_rows: Tensor, lse: Tensor, grad_scale: Tensor,
+             smoothing: float, ignore_index: int, write_grad: bool) -> None:
+    """Launch the row kernel on a (rows, V) block; optionally grad in place."""
+    rows, vocab = logits.shape
+    if rows == 0:
+        return
+    launch(_triton_kernels(interpreting()).fwd, (rows,), logits, target, loss_rows, lse,
+           grad_scale, logits.stride(0), vocab, ignore_index, smoothing,
+           WRITE_GRAD=write_grad, ACC=acc_dtype(logits.dtype), interp_meta=INTERPRET_META)
+
+
+# --- custom ops: opaque to torch.compile, shapes given by the fake kernels ---
+
+@torch.library.custom_op(f"{NAMESPACE}::cross_entropy_fwd", mutates_args=())
+def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float,
+                      ignore_index: int) -> tuple[Tensor, Tensor]:
+    acc = _acc_torch(logits.dtype)
+    loss_rows = logits.new_empty(logits.shape[:1], dtype=acc)
+    lse = torch.empty_like(loss_rows)
+    _ce_rows(logits, target, loss_rows, lse, lse, label_smoothing, ignore_index, write_grad=False)
+    n_valid = (target != ignore_index).sum()
+    # 0/0 -> nan when every target is ignored, exactly like F.cross_entropy.
+    return (loss_rows.sum() / n_valid).to(logits.dtype), lse
+
+
+@cross_entropy_fwd.register_fake
+def _(logits, target, label_smoothing, ignore_index):
+    return logits.new_empty(()), logits.new_empty(logits.shape[:1], dtype=_acc_torch(logits.dtype))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::cross_entropy_bwd", mutates_args=())
+def cross_entropy_bwd(grad: Tensor, logits: Tensor, target: Tensor, lse: Tensor,
+                      label_smoothing: float, ignore_index: int) -> Tensor:
+    rows, vocab = logits.shape
+    dlogits = torch.empty_like(logits)
+    if rows == 0:
+        return dlogits
+    # d(mean)/d(row) as a device scalar: no host sync.  Ignored rows get 0 in
+    # the kernel, so n_valid == 0 (scale inf) never reaches memory.
+    grad_scale = (grad.to(lse.dtype) / (target != ignore_index).sum()).reshape(1)
+    launch(_triton_kernels(interpreting()).bwd, (rows,), logits, target, lse, dlogits, grad_scale,
+           logits.stride(0), dlogits.stride(0), vocab, ignore_index, label_smoothing,
+           ACC=acc_dtype(logits.dtype), interp_meta=INTERPRET_META)
+    return dlogits
+
+
+@cross_entropy_bwd.register_fake
+def _(grad, logits, target, lse, label_smoothing, ignore_index):
+    return torch.empty_like(logits)
+
+
+class CrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, label_smoothing, ignore_index):
+        loss, lse = cross_entropy_fwd(logits, target, label_smoothing, ignore_index)
+        ctx.save_for_backward(logits, target, lse)
+        ctx.smoothing, ctx.ignore_index = label_smoothing, ignore_index
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, target, lse = ctx.saved_tensors
+        dlogits = cross_entropy_bwd(grad, logits, target, lse, ctx.smoothing, ctx.ignore_index)
+        return dlogits, None, None, None
+
+
+def _rows(logits: Tensor, target: Tensor, name: str):
+    vocab = logits.shape[-1]
+    logits = logits.reshape(-1, vocab)
+    target = target.reshape(-1)
+    if target.shape[0] != logits.shape[0]:
+        raise ValueError(f"kernels.{name}: {logits.shape[0]} rows but {target.shape[0]} targets")
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    return logits, target.contiguous()
+
+
+def cross_entropy_triton(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
+                         ignore_index: int = -100) -> Tensor:
+    logits, target = _rows(logits, target, "cross_entropy")
+    return CrossEntropyFunction.apply(logits, target, float(label_smoothing), int(ignore_index))
+
+
+# --- fused final linear + cross-entropy ------------------------------------
+
+def default_chunk_size(rows: int, vocab: int, hidden: int) -> int:
+    # Liger-Kernel's heuristic: a chunk's logits (chunk x V) are about as large
+    # as the whole hidden input (rows x H).
+    return next_power_of_2(max(1, triton.cdiv(rows, triton.cdiv(vocab, hidden))))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fused_linear_cross_entropy_fwd", mutates_args=())
+def fused_linear_cross_entropy_fwd(hidden: Tensor, weight: Tensor, target: Tensor,
+                                   bias: Tensor | None, label_smoothing: float,
+                                   ignore_index: int, chunk_size: int
+                                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    rows, vocab = hidden.shape[0], weight.shape[0]
+    acc = _acc_torch(hidden.dtype)
+    n_valid = (target != ignore_index).sum()
+    # Gradients of the mean loss; 0 (not inf) when every row is ignored, so
+    # all-ignored inputs give zero gradients like F.cross_entropy.
+    grad_scale = torch.where(n_valid > 0, 1.0 / n_valid.to(acc), 0.0).to(acc).reshape(1)
+    loss_rows = hidden.new_empty((rows,), dtype=acc)
+    lse = torch.empty_like(loss_rows)
+    d_hidden = torch.empty_like(hidden)
+    d_weight = weight.new_zeros(weight.shape, dtype=acc)
+    d_bias = weight.new_zeros((vocab,) if bias is not None else (0,), dtype=acc)
+    for start in range(0, rows, chunk_size):
+        end = min(start + chunk_size, rows)
+        h = hidden[start:end]
+        logits = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())
+        _ce_rows(logits, target[start:end], loss_rows[start:end], lse[start:end], grad_scale,
+                 label_smoothing, ignore_index, write_grad=True)
+        grad = logits  # overwritten in place by the kernel
+        torch.mm(grad, weight, out=d_hidden[start:end])
+        if acc == grad.dtype:
+            d_weight.addmm_(grad.t(), h)
+        else:  # bf16/fp16 chunk products, accumulated across chunks in fp32
+            d_weight += (grad.t() @ h).to(acc)
+        if bias is not None:
+            d_bias += grad.sum(0, dtype=acc)
+    loss = (loss_rows.sum() / n_valid).to(hidden.dtype)
+    return loss, d_hidden, d_weight.to(weight.dtype), d_bias.to(weight.dtype)
+
+
+@fused_linear_cross_entropy_fwd.register_fake
+def _(hidden, weight, target, bias, label_smoothing, ignore_index, chunk_size):
+    d_bias = weight.new_empty((weight.shape[0],) if bias is not None else (0,))
+    return hidden.new_empty(()), torch.empty_like(hidden), torch.empty_like(weight), d_bias
+
+
+class FusedLinearCrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, label_smoothing, ignore_index, chunk_size):
+        loss, d_hidden, d_weight, d_bias = fused_linear_cross_entropy_fwd(
+            hidden, weight, target, bias, label_smoothing, ignore_index, chunk_size)
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(d_hidden, d_weight, d_bias)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        # Gradients were computed in the forward; only the chain rule is left.
+        d_hidden, d_weight, d_bias = ctx.saved_tensors
+        d_bias = d_bias * grad if ctx.has_bias else None
+        return d_hidden * grad, d_weight * grad, None, d_bias, None, None, None
+
+
+def fused_linear_cross_entropy_triton(hidden: Tensor, weight: Tensor, target: Tensor, bias=None,
+                                      label_smoothing: float = 0.0, ignore_index: int = -100,
+                                      chunk_size=None) -> Tensor:
+    shape = hidden.shape
+    hidden = hidden.reshape(-1, shape[-1]).contiguous()
+    target = target.reshape(-1).contiguous()
+    if weight.dim() != 2 or weight.shape[1] != shape[-1]:
+        raise ValueError("kernels.fused_linear_cross_entropy: weight must be (V, hidden)")
+    if target.shape[0] != hidden.shape[0]:
+        raise ValueError("kernels.fused_linear_cross_entropy: one target per row expected")
+    if chunk_size is None:
+        chunk_size = default_chunk_size(hidden.shape[0], weight.shape[0], weight.shape[1])
+    loss = FusedLinearCrossEntropyFunction.apply(
+        hidden, weight.contiguous(), target, bias, float(label_smoothing), int(ignore_index),
+        int(chunk_size))
+    return loss

@@ -1,0 +1,63 @@
+"""The `orchestrator` command line.
+
+Each subcommand lives in `orchestrator/commands/<name>.py` with a `register(subparsers)`
+function that adds its parser and sets `handler`; a handler returns the exit status.
+Exit status 2 means bad input (a job spec, an option); it never prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from orchestrator import __version__
+from orchestrator.spec import SpecError
+
+COMMANDS = ["validate", "run", "models", "submit", "jobs"]
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="orchestrator",
+        description="Train PyTorch models from YAML job specs, locally or on a Ray cluster.")
+    parser.add_argument("--version", action="version", version=f"orchestrator {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"orchestrator.commands.{name}").register(sub)
+    return parser
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser, many: bool = False) -> None:
+    """SPEC and the --set overrides every command that takes a spec accepts."""
+    parser.add_argument("spec", nargs="+" if many else None, metavar="SPEC", help="job spec YAML file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a spec field, e.g. --set train.steps=20 (repeatable)")
+
+
+def report_spec_error(err: SpecError) -> int:
+    for line in str(err).splitlines():
+        print(f"error: {line}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except SpecError as err:
+        return report_spec_error(err)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,159 @@
+"""Finding and talking to a Ray cluster: addresses, auth tokens and errors a person can act on.
+
+Two kinds of address are in play. `orchestrator run` joins the cluster as a driver and needs
+the cluster (GCS) address, `host:6379`. The job commands (`submit`, `status`, `list`, `logs`,
+`stop`) talk to the Jobs API on the dashboard, `http://host:8265`; like `ray job` they also
+accept a cluster address and look the dashboard up from it.
+
+Ray 2.60 heads started with `ray start` use token authentication whenever a token exists.
+Clients find the token where Ray's own do: `$RAY_AUTH_TOKEN`, the file at
+`$RAY_AUTH_TOKEN_PATH`, or `~/.ray/auth_token`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from typing import Iterator, Optional
+
+TOKEN_HELP = ("get the token on the head node with `ray get-auth-token` and put it in"
+              " ~/.ray/auth_token here, or set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH to a file"
+              " holding it)")
+
+
+class ClusterError(Exception):
+    """The cluster cannot be reached or refused us: printed as one line, exit status 1."""
+
+
+# --- auth tokens ------------------------------------------------------------------------
+
+
+def use_token_if_available() -> bool:
+    """Turn on token auth for this process when a token is at hand and RAY_AUTH_MODE is unset.
+
+    This is what `ray start` and a local `ray.init()` do; Ray's job clients and `ray.init`
+    with an explicit address do not, so without it they would reach a token head tokenless.
+    Sending a token to a head without auth is harmless. Returns whether token auth is on.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return mode.lower() == "token"
+    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray.exceptions import AuthenticationError
+
+    try:
+        if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+            return False
+    except AuthenticationError as err:  # e.g. RAY_AUTH_TOKEN_PATH names a missing file
+        raise ClusterError(f"{str(err.message).split('. Note:')[0]}; {TOKEN_HELP}") from None
+    os.environ["RAY_AUTH_MODE"] = "token"
+    Config.initialize("")  # Ray caches its config: re-read it so this process sees token mode
+    return True
+
+
+def is_auth_error(err: BaseException) -> bool:
+    """True when `err`, or an error it was raised from, is Ray refusing our token."""
+    from ray.exceptions import AuthenticationError
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, AuthenticationError) or "InvalidAuthToken" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def auth_message(where: str, err: BaseException) -> str:
+    if "invalid" in str(err).lower() or "Forbidden" in str(err):
+        return f"the Ray cluster at {where} rejected this machine's auth token; {TOKEN_HELP}"
+    return f"the Ray cluster at {where} requires an auth token and none was found; {TOKEN_HELP}"
+
+
+# --- the driver's connection ----------------------------------------------------------------
+
+
+def driver_address(address: Optional[str]) -> Optional[str]:
+    """--address, else $RAY_ADDRESS, else None (start a local cluster)."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address and address.startswith(("http://", "https://")):
+        raise ClusterError(
+            f"'{address}' is a dashboard (Jobs API) address; `orchestrator run` needs the cluster"
+            " address, e.g. head-node:6379 (or `auto` on a cluster node); to send the job to the"
+            " cluster from here use `orchestrator submit`")
+    return address
+
+
+@contextlib.contextmanager
+def connect(address: Optional[str], num_cpus: int = 1) -> Iterator[str]:
+    """Join the cluster at `address`, or start a private local one; yields a description.
+
+    A local cluster gets a short temp dir of its own (Unix socket paths are limited to 107
+    bytes), no dashboard and at least `num_cpus` CPUs, so an N-worker job fits on a laptop
+    with fewer cores. It is shut down and removed on exit.
+    """
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    temp_dir = None
+    try:
+        if address:
+            use_token_if_available()
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+            except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError
+                if is_auth_error(err):
+                    raise ClusterError(auth_message(address, err)) from None
+                raise ClusterError(f"cannot connect to the Ray cluster at '{address}':"
+                                   f" {_first_line(err)}") from None
+            where = f"Ray cluster at {address}"
+        else:
+            temp_dir = tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp")
+            ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus), include_dashboard=False,
+                     _temp_dir=temp_dir, log_to_driver=False, logging_level=logging.WARNING)
+            where = f"local Ray ({int(ray.cluster_resources().get('CPU', 0))} CPUs)"
+        yield where
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if temp_dir:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+# --- the Jobs API ----------------------------------------------------------------------------
+
+
+def jobs_client(address: Optional[str]):
+    """A `JobSubmissionClient` for --address, else $RAY_API_SERVER_ADDRESS / $RAY_ADDRESS."""
+    if address:
+        # Ray lets the environment override an explicit address; here the option wins
+        os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+        os.environ["RAY_ADDRESS"] = address
+    where = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS") \
+        or "the local Ray cluster"
+    use_token_if_available()
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(address)
+    except Exception as err:
+        raise translate(err, where) from None
+
+
+def translate(err: BaseException, where: str) -> ClusterError:
+    """Any Jobs API failure -> one line that says what to do."""
+    if is_auth_error(err):
+        return ClusterError(auth_message(where, err))
+    text = _first_line(err)
+    if "Failed to connect" in text or "Connection refused" in text or "ConnectionError" in type(err).__name__:
+        return ClusterError(f"cannot reach the Ray Jobs API at {where}: is the cluster up, and is"
+                            f" the address its dashboard (http://HEAD:8265)? ({text})")
+    return ClusterError(f"{where}: {text}")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

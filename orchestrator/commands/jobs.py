@@ -1,0 +1,194 @@
+"""`orchestrator status|list|logs|stop`: thin wrappers over the Ray Jobs API.
+
+Every command takes `--address` (the dashboard, http://HEAD:8265, or the cluster address);
+without it `$RAY_API_SERVER_ADDRESS` / `$RAY_ADDRESS` or a cluster on this machine is used.
+Cluster problems print one line and exit 1; an unknown job id exits 2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import sys
+
+from orchestrator.cli import UsageError
+
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def register(sub) -> None:
+    status = sub.add_parser("status", help="status of a submitted job (default: the newest)")
+    status.add_argument("job_id", nargs="?", metavar="ID")
+    add_address_argument(status)
+    status.set_defaults(handler=handle_status)
+
+    listing = sub.add_parser("list", help="list the jobs submitted to a Ray cluster")
+    add_address_argument(listing)
+    listing.set_defaults(handler=handle_list)
+
+    logs = sub.add_parser("logs", help="print a job's logs")
+    logs.add_argument("job_id", metavar="ID")
+    logs.add_argument("--follow", "-f", action="store_true",
+                      help="keep streaming until the job ends, then exit with its status")
+    add_address_argument(logs)
+    logs.set_defaults(handler=handle_logs)
+
+    stop = sub.add_parser("stop", help="stop a running job")
+    stop.add_argument("job_id", metavar="ID")
+    add_address_argument(stop)
+    stop.set_defaults(handler=handle_stop)
+
+
+def add_address_argument(parser) -> None:
+    parser.add_argument("--address", metavar="URL",
+                        help="Ray dashboard (http://HEAD:8265) or cluster address"
+                             " (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS, else this machine's)")
+
+
+def with_cluster_errors(handler):
+    """Cluster and Jobs API failures become one line and exit status 1."""
+    @functools.wraps(handler)
+    def wrapped(args) -> int:
+        from orchestrator.cluster import ClusterError
+
+        try:
+            return handler(args)
+        except ClusterError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+    return wrapped
+
+
+def _call(args, method: str, *params):
+    """client.<method>(*params), with errors turned into lines a person can act on."""
+    from orchestrator.cluster import jobs_client, translate
+
+    client = jobs_client(args.address)
+    try:
+        return client, getattr(client, method)(*params)
+    except Exception as err:
+        job_id = getattr(args, "job_id", None)
+        if job_id and "does not exist" in str(err):
+            raise UsageError(f"no job '{job_id}' on this cluster; `orchestrator list` shows them")
+        raise translate(err, args.address or "the Ray cluster") from None
+
+
+def _time(ms) -> str:
+    if not ms:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(job) -> str:
+    if not job.start_time:
+        return "-"
+    end = job.end_time or datetime.datetime.now().timestamp() * 1000
+    seconds = int((end - job.start_time) / 1000)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _job_name(job) -> str:
+    return (job.metadata or {}).get("orchestrator_job") or job.entrypoint
+
+
+@with_cluster_errors
+def handle_status(args) -> int:
+    if args.job_id is None:
+        _, jobs = _call(args, "list_jobs")
+        if not jobs:
+            print("no jobs on this cluster")
+            return 0
+        args.job_id = max(jobs, key=lambda j: j.start_time or 0).submission_id
+    _, job = _call(args, "get_job_info", args.job_id)
+    status = str(getattr(job.status, "value", job.status))
+    print(f"{job.submission_id}: {status}")
+    print(f"  job:        {_job_name(job)}")
+    print(f"  entrypoint: {job.entrypoint}")
+    print(f"  started:    {_time(job.start_time)}   ended: {_time(job.end_time)}"
+          f"   duration: {_duration(job)}")
+    if job.message:
+        print(f"  message:    {job.message.strip().splitlines()[-1]}")
+    return 0
+
+
+@with_cluster_errors
+def handle_list(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    _, jobs = _call(args, "list_jobs")
+    if not jobs:
+        print("no jobs on this cluster")
+        return 0
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "STATUS", "JOB", "STARTED", "DURATION"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("MESSAGE", overflow="ellipsis", no_wrap=True, max_width=60)
+    colors = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "STOPPED": "yellow"}
+    for job in sorted(jobs, key=lambda j: j.start_time or 0):
+        status = str(getattr(job.status, "value", job.status))
+        message = (job.message or "").strip().splitlines()
+        table.add_row(job.submission_id or job.job_id or "-",
+                      f"[{colors.get(status, 'white')}]{status}[/]", _job_name(job),
+                      _time(job.start_time), _duration(job), message[-1] if message else "")
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    return 0
+
+
+@with_cluster_errors
+def handle_logs(args) -> int:
+    client, text = _call(args, "get_job_logs", args.job_id)
+    if not args.follow:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return 0
+    return follow(client, args.job_id)
+
+
+def follow(client, job_id: str) -> int:
+    """Stream a job's logs until it ends; exit 0 if it succeeded, 1 otherwise."""
+    async def stream():
+        async for lines in client.tail_job_logs(job_id):
+            sys.stdout.write(lines)
+            sys.stdout.flush()
+
+    asyncio.run(stream())
+    job = client.get_job_info(job_id)
+    status = str(getattr(job.status, "value", job.status))
+    if status not in TERMINAL:  # the log stream can close a moment before the status flips
+        import time
+
+        for _ in range(50):
+            time.sleep(0.2)
+            job = client.get_job_info(job_id)
+            status = str(getattr(job.status, "value", job.status))
+            if status in TERMINAL:
+                break
+    if status == "SUCCEEDED":
+        print(f"job {job_id} succeeded", file=sys.stderr)
+        return 0
+    message = (job.message or "").strip().splitlines()
+    print(f"error: job {job_id} {status.lower()}" + (f": {message[-1]}" if message else ""),
+          file=sys.stderr)
+    return 1
+
+
+@with_cluster_errors
+def handle_stop(args) -> int:
+    import time
+
+    client, stopped = _call(args, "stop_job", args.job_id)
+    if not stopped:
+        job = client.get_job_info(args.job_id)
+        print(f"{args.job_id} has already ended: {getattr(job.status, 'value', job.status)}")
+        return 0
+    for _ in range(100):  # Ray sends SIGTERM, then SIGKILL after a grace period
+        status = str(getattr(client.get_job_status(args.job_id), "value", ""))
+        if status in TERMINAL:
+            print(f"{args.job_id}: {status}")
+            return 0
+        time.sleep(0.2)
+    print(f"{args.job_id}: stop requested")
+    return 0

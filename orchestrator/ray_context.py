@@ -1,0 +1,153 @@
+"""The Ray Train side of a job: the adapter the loop runs with, and the per-worker function.
+
+The loop (`workers.trainer.train`) is the same as under torchrun; `RayContext` only changes
+how a worker learns its rank (Ray Train's context), how checkpoints are saved (each rank
+writes its part to a local directory and `ray.train.report` merges them into
+`<storage>/<run>/checkpoint_<step>`), where the checkpoint to resume from comes from, and
+where metrics go (the driver's `MetricsSink`, never `ray.train.report`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import pyarrow.fs as pafs
+import ray
+import ray.train
+import torch
+
+from orchestrator.spec import JobSpec
+from workers import storage
+from workers.checkpoint import CheckpointError
+from workers.context import CHECKPOINT_PATTERN, RunContext
+
+log = logging.getLogger("orchestrator.ray")
+
+
+class RayContext(RunContext):
+    def __init__(self, spec: JobSpec, run: str, sink):
+        self.spec, self.name, self.sink = spec, run, sink
+        self.run_uri = storage.join(spec.checkpoint.storage, run)
+        context = ray.train.get_context()
+        self.rank = context.get_world_rank()
+        self.world_size = context.get_world_size()
+        self.local_rank = context.get_local_rank()
+        self.attempt = 0
+        self._tmp = Path(tempfile.mkdtemp(prefix="orchestrator-"))
+
+    def setup(self) -> None:
+        # Ray Train has already joined the process group (gloo on CPU, NCCL on GPU)
+        if self.spec.resources.gpus_per_worker > 0:
+            from ray.train.torch import get_device
+
+            self.device = get_device()
+        else:
+            self.device = torch.device("cpu")
+        group = ray.get_runtime_context().get_placement_group_id() or "no-placement-group"
+        self.attempt = ray.get(self.sink.join.remote(group, self.rank, self.world_size,
+                                                     os.getpid(), socket.gethostname()))
+        self.restarts = self.attempt
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def resume_from(self) -> Optional[str]:
+        latest = ray.train.get_checkpoint()  # the newest checkpoint Ray registered for this run
+        resume = self.spec.checkpoint.resume
+        if latest is not None and (self.attempt > 0 or resume == "auto"):
+            return self._local(latest.filesystem, latest.path)
+        if resume == "never":
+            return None
+        if resume == "auto":
+            uri = self._newest_complete()  # e.g. written by torchrun, or Ray's index was lost
+            return self._local(*storage.resolve(uri)) if uri else None
+        if not storage.exists(resume):
+            raise FileNotFoundError(f"checkpoint.resume: no checkpoint at '{resume}'")
+        return self._local(*storage.resolve(resume))
+
+    def _newest_complete(self) -> Optional[str]:
+        for name in reversed(storage.list_dirs(self.run_uri)):
+            uri = storage.join(self.run_uri, name)
+            if CHECKPOINT_PATTERN.match(name) and storage.exists(storage.join(uri, "trainer.pt")) \
+                    and storage.exists(storage.join(uri, ".metadata")):
+                return uri
+        return None
+
+    def _local(self, fs: pafs.FileSystem, path: str) -> str:
+        """A checkpoint as a local directory: read in place when local, else downloaded."""
+        if isinstance(fs, pafs.LocalFileSystem):
+            return path
+        local = self._tmp / "resume"
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(parents=True)
+        pafs.copy_files(path, str(local), source_filesystem=fs,
+                        destination_filesystem=pafs.LocalFileSystem())
+        return str(local)
+
+    def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
+        name = f"checkpoint_{step:08d}"
+        local = self._tmp / name
+        write(str(local))
+        # every rank reports its own files; Ray merges them into one directory in storage and
+        # registers the checkpoint (and prunes to `keep`) only once all ranks have uploaded
+        ray.train.report({"step": step, **_plain(metrics)},
+                         checkpoint=ray.train.Checkpoint.from_directory(str(local)),
+                         checkpoint_dir_name=name, delete_local_checkpoint_after_upload=True)
+        uri = storage.join(self.run_uri, name)
+        if self.is_main:
+            self.sink.checkpoint.remote(self.attempt, step, uri)
+        return uri
+
+    # -- metrics: fire-and-forget calls, never a barrier -------------------------------------
+
+    def log_metrics(self, record: dict) -> None:
+        self.sink.log.remote(self.attempt, record)
+
+    def restore_metrics(self, history: list[dict]) -> None:
+        if self.is_main:
+            self.sink.restore.remote(self.attempt, history)
+
+    def finish(self, summary: dict) -> None:
+        if self.is_main:
+            ray.get(self.sink.finish.remote(summary))
+
+    def teardown(self) -> None:
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _plain(record: dict) -> dict:
+    return {k: v for k, v in record.items() if isinstance(v, (int, float, str, bool))}
+
+
+def worth_retrying(err: BaseException) -> bool:
+    """Infrastructure failures (a peer died, a network error) may pass on a restart; bad input,
+    a checkpoint that does not fit and plain bugs would only fail again."""
+    if isinstance(err, (CheckpointError, FileNotFoundError, PermissionError, IsADirectoryError,
+                        NotADirectoryError)):
+        return False
+    return isinstance(err, (RuntimeError, OSError, ray.exceptions.RayError))
+
+
+def train_worker(config: dict) -> None:
+    """What each Ray Train worker runs."""
+    from workers.trainer import train
+
+    spec, sink = config["spec"], config["sink"]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if ray.get(sink.fatal.remote()) is not None:
+        return  # an earlier attempt failed in a way a restart cannot fix: do not train again
+    ctx = RayContext(spec, config["run"], sink)
+    try:
+        summary = train(spec, ctx)
+    except Exception as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        ray.get(sink.fail.remote(ctx.rank, reason, worth_retrying(err)))
+        raise
+    finally:
+        ctx.teardown()
+    ctx.finish(summary)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv and install the project into it. Safe to run again.
+# torch is installed first and pinned: an unpinned torch pulls a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH_VERSION=2.13.0
+TRITON_VERSION=3.7.1   # the Triton release torch 2.13 is built against
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q "torch==${TORCH_VERSION}"
+if [ "$(uname -s)" = Linux ]; then
+  python -m pip install -q "triton==${TRITON_VERSION}"
+fi
+python -m pip install -q -e ".[dev]"
+
+# Fashion-MNIST (the main job's data) ships as Debian's package dataset-fashion-mnist.
+if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  if $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 \
+     || { $SUDO apt-get update -qq >/dev/null 2>&1 && $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1; }; then
+    echo "installed Fashion-MNIST (Debian package dataset-fashion-mnist)"
+  else
+    echo "note: could not install Debian's dataset-fashion-mnist; see README (Data) for other ways" >&2
+  fi
+fi

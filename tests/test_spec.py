@@ -1,0 +1,169 @@
+"""The job spec: every example is valid, and each bad field is named with the reason."""
+
+import copy
+
+import pytest
+import yaml
+
+from orchestrator.spec import JobSpec, SpecError, apply_overrides, load_spec, validate
+from tests.conftest import ROOT
+
+BASE = {
+    "name": "spec-test",
+    "model": {"family": "vit", "preset": "vit_micro"},
+    "data": {"source": "digits", "batch_size": 32},
+    "train": {"steps": 10},
+}
+
+
+def problems_for(mutate) -> list[str]:
+    raw = copy.deepcopy(BASE)
+    mutate(raw)
+    with pytest.raises(SpecError) as info:
+        validate(raw)
+    return info.value.problems
+
+
+def setter(path: str, value):
+    def mutate(raw):
+        node = raw
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return mutate
+
+
+@pytest.mark.parametrize("spec", sorted((ROOT / "jobs").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_specs_are_valid(spec):
+    job = load_spec(spec)
+    assert isinstance(job, JobSpec)
+    assert spec.read_text().startswith("#!/usr/bin/env -S orchestrator run\n")
+
+
+def test_defaults_fill_every_section():
+    spec = validate(copy.deepcopy(BASE))
+    assert spec.parallel.strategy == "none" and spec.precision.dtype == "fp32"
+    assert spec.kernels.attention == "auto" and spec.checkpoint.resume == "auto"
+    assert spec.micro_batch_size == 32
+
+
+BAD_FIELDS = [
+    # (mutation, expected path prefix, words the message must contain)
+    (setter("trian", {"steps": 1}), "trian", "did you mean 'train'"),
+    (setter("train.stpes", 20), "train.stpes", "did you mean 'steps'"),
+    (setter("model.famly", "vit"), "model.famly", "did you mean 'family'"),
+    (setter("model.family", "transformer"), "model.family", "'transformer' is not allowed"),
+    (setter("model.preset", "vit_hugee"), "model.preset", "unknown preset"),
+    (setter("model.overrides", {"dept": 3}), "model.overrides.dept", "did you mean 'depth'"),
+    (setter("model.overrides", {"depth": "deep"}), "model.overrides.depth", "integer"),
+    (setter("data.source", "imagenet"), "data.source", "'imagenet' is not allowed"),
+    (setter("data.batch_size", 0), "data.batch_size", "greater than or equal to 1"),
+    (setter("data.batch_size", "lots"), "data.batch_size", "integer"),
+    (setter("data.eval_split", 0.9), "data.eval_split", "less than or equal to 0.5"),
+    (setter("data.loader_workers", 1.5), "data.loader_workers", "integer"),
+    (setter("train.steps", -5), "train.steps", "greater than or equal to 1"),
+    (setter("train.epochs", 3), "train", "exactly one of train.steps or train.epochs"),
+    (setter("train.label_smoothing", 1.5), "train.label_smoothing", "less than 1"),
+    (setter("train.early_stopping", {"patience": 0}), "train.early_stopping.patience", "greater than or equal to 1"),
+    (setter("optimizer.name", "adam"), "optimizer.name", "did you mean 'adamw'"),
+    (setter("optimizer.lr", 0), "optimizer.lr", "greater than 0"),
+    (setter("optimizer.betas", [0.9, 1.2]), "optimizer.betas", "each beta must be in [0, 1)"),
+    (setter("scheduler.name", "linear"), "scheduler.name", "'linear' is not allowed"),
+    (setter("parallel.strategy", "zero3"), "parallel.strategy", "'zero3' is not allowed"),
+    (setter("precision.dtype", "int8"), "precision.dtype", "'int8' is not allowed"),
+    (setter("precision.compile", "maybe"), "precision.compile", "boolean"),
+    (setter("kernels.attention", "cuda"), "kernels.attention", "'cuda' is not allowed"),
+    (setter("kernels.softmax", "triton"), "kernels.softmax", "unknown field"),
+    (setter("resources.num_workers", 0), "resources.num_workers", "greater than or equal to 1"),
+    (setter("resources.gpus_per_worker", -1), "resources.gpus_per_worker", "greater than or equal"),
+    (setter("checkpoint.keep", 0), "checkpoint.keep", "greater than or equal to 1"),
+    (setter("checkpoint.every_steps", "often"), "checkpoint.every_steps", "integer"),
+    (setter("fault_tolerance.max_failures", -3), "fault_tolerance.max_failures", "greater than or equal to -1"),
+    (setter("scheduling.priority", 5000), "scheduling.priority", "less than or equal to 1000"),
+    (setter("metrics.prometheus_port", 70000), "metrics.prometheus_port", "less than or equal to 65535"),
+    (setter("metrics.log_every", 0), "metrics.log_every", "greater than or equal to 1"),
+    (setter("name", "My Job!"), "name", "lowercase"),
+    (lambda raw: raw.pop("name"), "name", "required field is missing"),
+    (lambda raw: raw.pop("model"), "model", "required field is missing"),
+    (lambda raw: (setter("resources.num_workers", 4)(raw), setter("parallel.strategy", "ddp")(raw),
+                  setter("data.batch_size", 30)(raw)),
+     "data.batch_size", "divisible by resources.num_workers x train.grad_accum = 4 x 1"),
+    (lambda raw: (setter("data.batch_size", 32)(raw), setter("train.grad_accum", 3)(raw)),
+     "data.batch_size", "divisible"),
+    (setter("resources.num_workers", 2), "parallel.strategy", "'none' trains on one worker"),
+    (setter("model", {"family": "gpt", "preset": "gpt_nano"}), "data.source", "needs tokens data"),
+    (setter("train.early_stopping", {"patience": 2}), "train.early_stopping", "needs train.eval_every"),
+    (setter("checkpoint.storage", "  "), "checkpoint.storage", "empty"),
+    (lambda raw: (setter("precision.dtype", "fp8")(raw),
+                  setter("model", {"family": "convnet", "preset": "convnet_small"})(raw)),
+     "precision.dtype", "fp8 applies to Linear layers"),
+]
+
+
+@pytest.mark.parametrize("mutate,path,words", BAD_FIELDS, ids=[f"{i:02d}-{c[1]}" for i, c in enumerate(BAD_FIELDS)])
+def test_bad_field_is_named_with_reason(mutate, path, words):
+    problems = problems_for(mutate)
+    matching = [p for p in problems if p.startswith(path + ":") or p.startswith(path + " ")
+                or p.startswith(path + ".")]
+    assert matching, f"no problem names {path!r}: {problems}"
+    assert any(words in p for p in matching), f"{words!r} not in {matching}"
+
+
+def test_every_problem_is_reported_not_just_the_first():
+    raw = copy.deepcopy(BASE)
+    raw["train"]["stpes"] = 3
+    raw["optimizer"] = {"lr": -1}
+    with pytest.raises(SpecError) as info:
+        validate(raw)
+    text = "\n".join(info.value.problems)
+    assert "train.stpes" in text and "optimizer.lr" in text
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_yaml_syntax_error_names_line_and_column(tmp_path):
+    path = write(tmp_path, "name: x\nmodel:\n  family: vit\n  preset: [vit_micro\ndata: {}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    assert "YAML syntax error at line" in str(info.value) and "column" in str(info.value)
+
+
+def test_empty_file_and_non_mapping_are_errors(tmp_path):
+    with pytest.raises(SpecError, match="empty"):
+        load_spec(write(tmp_path, ""))
+    with pytest.raises(SpecError, match="expected a mapping"):
+        load_spec(write(tmp_path, "- a\n- b\n"))
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_overrides_are_typed_by_the_schema(tmp_path):
+    path = write(tmp_path, yaml.safe_dump(BASE))
+    spec = load_spec(path, ["train.steps=20", "precision.dtype=bf16", "optimizer.betas=[0.8, 0.9]",
+                            "model.overrides.depth=2"])
+    assert spec.train.steps == 20 and spec.precision.dtype == "bf16"
+    assert spec.optimizer.betas == (0.8, 0.9) and spec.model.overrides == {"depth": 2}
+
+
+@pytest.mark.parametrize("override,words", [
+    ("train.steps=abc", "train.steps: Input should be a valid integer"),
+    ("train.stpes=3", "train.stpes: unknown field; did you mean 'steps'"),
+    ("precision.dtype=fp64", "precision.dtype: 'fp64' is not allowed"),
+    ("train.steps", "expected KEY=VALUE"),
+    ("name.first=x", "'name' is not a section"),
+])
+def test_bad_overrides_are_named(tmp_path, override, words):
+    path = write(tmp_path, yaml.safe_dump(BASE))
+    with pytest.raises(SpecError) as info:
+        load_spec(path, [override])
+    assert words in str(info.value)
+
+
+def test_apply_overrides_creates_missing_sections():
+    raw = apply_overrides({"name": "x"}, ["precision.compile=true"])
+    assert raw["precision"] == {"compile": True}

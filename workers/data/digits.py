@@ -1,0 +1,31 @@
+"""scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes), seeded eval split."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import DataInfo, Datasets, ImageArray, eval_count, split
+
+NUM_IMAGES = 1797
+# pixel values are 0..16; statistics of the whole set after scaling to [0, 1]
+_MEAN, _STD = 0.3053, 0.3760
+
+
+def describe(spec: Any) -> DataInfo:
+    n_eval = eval_count(NUM_IMAGES, spec.eval_split)
+    return DataInfo(kind="image", num_classes=10, in_channels=1, image_size=8, vocab_size=None,
+                    seq_len=None, train_size=NUM_IMAGES - n_eval, eval_size=n_eval)
+
+
+def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = bunch.images.astype("float32").reshape(-1, 1, 8, 8)
+    full = ImageArray(images, bunch.target, scale=1 / 16, mean=_MEAN, std=_STD)
+    train, eval_ = split(full, spec.eval_split, seed)
+    return Datasets(train, eval_, describe(spec))
+
+
+def check(spec: Any) -> list[tuple[str, str]]:
+    return []

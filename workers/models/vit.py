@@ -1,0 +1,104 @@
+"""Vision Transformer (Dosovitskiy et al. 2020), timm's ViT with pre-norm blocks.
+
+Patches are cut with einops and embedded by one Linear, which has the same
+parameters as timm's stride-p Conv2d patch embedding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn as nn
+from einops.layers.torch import Rearrange
+
+from .layers import Block, LayerNorm
+
+
+@dataclass
+class Config:
+    image_size: int = 224
+    in_channels: int = 3
+    num_classes: int = 1000
+    patch_size: int = 16
+    dim: int = 768
+    depth: int = 12
+    heads: int = 12
+    mlp_ratio: float = 4.0
+    pool: Literal["cls", "mean"] = "cls"
+    qkv_bias: bool = True
+    dropout: float = 0.0
+    kernels: dict[str, str] = field(default_factory=dict)
+
+
+PRESETS: dict[str, dict] = {
+    # 28x28 Fashion-MNIST on a CPU: 7x7 = 49 patches of 4x4
+    "vit_micro": dict(image_size=28, in_channels=1, num_classes=10, patch_size=4,
+                      dim=128, depth=4, heads=4, mlp_ratio=2.0),
+    "vit_tiny": dict(dim=192, depth=12, heads=3),
+    "vit_small": dict(dim=384, depth=12, heads=6),
+    "vit_base": dict(dim=768, depth=12, heads=12),
+    "vit_b16": dict(dim=768, depth=12, heads=12),
+    "vit_large": dict(dim=1024, depth=24, heads=16),
+    "vit_huge": dict(dim=1280, depth=32, heads=16, patch_size=14),
+}
+
+
+def validate(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
+    """Cross-field constraints: (fields involved, message)."""
+    problems = []
+    if cfg.image_size % cfg.patch_size:
+        problems.append((("image_size", "patch_size"),
+                         f"image_size {cfg.image_size} is not divisible by patch_size {cfg.patch_size}"))
+    if cfg.dim % cfg.heads:
+        problems.append((("heads", "dim"), f"dim {cfg.dim} is not divisible by heads {cfg.heads}"))
+    return problems
+
+
+class ViT(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = c = config
+        p = c.patch_size
+        num_patches = (c.image_size // p) ** 2
+        self.patch_embed = nn.Sequential(
+            Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p, p2=p),
+            nn.Linear(p * p * c.in_channels, c.dim),
+        )
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
+        num_tokens = num_patches + (c.pool == "cls")
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, c.dim))
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            Block(c.dim, c.heads, int(c.dim * c.mlp_ratio), bias=c.qkv_bias, dropout=c.dropout,
+                  eps=1e-6, kernels=c.kernels)
+            for _ in range(c.depth))
+        self.norm = LayerNorm(c.dim, eps=1e-6, impl=c.kernels.get("layer_norm", "auto"))
+        self.head = nn.Linear(c.dim, c.num_classes)
+        self._init_weights()
+
+    def _init_weights(self):
+        # timm's scheme: trunc-normal(0.02) linears and position embedding, zero biases
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.drop(x + self.pos_embed)
+        for block in self.blocks:
+            x = block(x)
+        x = self.norm(x)
+        x = x[:, 0] if self.cls_token is not None else x.mean(dim=1)
+        return self.head(x)
+
+
+Model = ViT

@@ -1,0 +1,83 @@
+"""Run one worker of a job without Ray: `torchrun --nproc_per_node=N -m workers.run SPEC`.
+
+This is the loop the Ray driver runs too; here it learns its rank from torchrun's
+environment and writes checkpoints straight to `checkpoint.storage`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from orchestrator.spec import JobSpec, SpecError, load_spec, unimplemented
+from workers.context import LocalContext
+from workers.trainer import train
+
+
+def write_summary(summary: dict, path: str | None) -> None:
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as out:
+            json.dump(summary, out, indent=2)
+
+
+def print_summary(summary: dict) -> None:
+    evals = "  ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in (summary.get("eval") or {}).items())
+    loss = summary.get("final_train_loss")
+    print(f"[{summary['job']}] {summary['status']}: {summary['steps']} steps"
+          + (f", train loss {loss:.4f}" if loss is not None else "")
+          + (f", eval {evals}" if evals else "")
+          + f", {summary['samples_per_s']:,.0f} samples/s"
+          + (f"\n[{summary['job']}] checkpoint: {summary['checkpoint']}" if summary.get("checkpoint") else "")
+          + (f"\n[{summary['job']}] reason: {summary['reason']}" if summary.get("reason") else ""),
+          flush=True)
+
+
+def run_local(spec: JobSpec, summary_path: str | None = None) -> int:
+    """Train in this process (one of torchrun's, or alone); returns the exit status."""
+    ctx = LocalContext(spec)
+    try:
+        summary = train(spec, ctx)
+    except (OSError, ValueError, RuntimeError) as err:
+        # data, storage and checkpoint problems: one line, no traceback, nothing lost
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        summary = {"job": spec.name, "status": "failed", "reason": reason, "steps": None,
+                   "checkpoint": None, "samples_per_s": 0.0}
+        if ctx.is_main:
+            print(f"error: {spec.name}: {reason}", file=sys.stderr, flush=True)
+    finally:
+        ctx.teardown()
+    if ctx.is_main:
+        write_summary(summary, summary_path)
+        if summary["status"] != "failed" or summary.get("steps") is not None:
+            print_summary(summary)
+    return 0 if summary["status"] != "failed" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="workers.run", description=__doc__.splitlines()[0])
+    parser.add_argument("spec")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--summary", metavar="PATH", help="write a JSON summary here at the end")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    overrides = list(args.overrides)
+    if "WORLD_SIZE" in os.environ:  # under torchrun the process count is the worker count
+        overrides.append(f"resources.num_workers={os.environ['WORLD_SIZE']}")
+    try:
+        spec = load_spec(args.spec, overrides)
+        problems = unimplemented(spec)
+        if problems:
+            raise SpecError(problems, args.spec)
+    except SpecError as err:
+        for line in str(err).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    return run_local(spec, args.summary)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

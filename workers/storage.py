@@ -1,0 +1,76 @@
+"""Checkpoint storage on any pyarrow filesystem: a local or NFS path, s3://, gs://, hdfs://."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+
+def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
+    """A storage URI or local path -> (filesystem, path inside it)."""
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
+    return pafs.FileSystem.from_uri(uri)
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def join(uri: str, *parts: str) -> str:
+    if "://" in uri:
+        # keep a query string (s3://b/p?endpoint_override=host:9000) at the end
+        base, sep, query = uri.partition("?")
+        return posixpath.join(base.rstrip("/"), *parts) + sep + query
+    return os.path.join(uri, *parts)
+
+
+def list_dirs(uri: str) -> list[str]:
+    """Names of the directories directly under `uri` (empty if it does not exist)."""
+    fs, path = resolve(uri)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(posixpath.basename(i.path) for i in infos if i.type == pafs.FileType.Directory)
+
+
+def exists(uri: str) -> bool:
+    fs, path = resolve(uri)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def upload(local_dir: str | Path, uri: str) -> None:
+    fs, path = resolve(uri)
+    fs.create_dir(path, recursive=True)
+    pafs.copy_files(str(local_dir), path, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs)
+
+
+def download(uri: str, local_dir: str | Path) -> None:
+    fs, path = resolve(uri)
+    Path(local_dir).mkdir(parents=True, exist_ok=True)
+    pafs.copy_files(path, str(local_dir), source_filesystem=fs,
+                    destination_filesystem=pafs.LocalFileSystem())
+
+
+def delete_dir(uri: str) -> None:
+    fs, path = resolve(uri)
+    fs.delete_dir(path)
+
+
+def check_writable(uri: str) -> None:
+    """Raise OSError naming the URI when a checkpoint could not be written there."""
+    try:
+        fs, path = resolve(uri)
+        fs.create_dir(path, recursive=True)
+        probe = posixpath.join(path, f".write-probe-{os.getpid()}")
+        with fs.open_output_stream(probe) as out:
+            out.write(b"ok")
+        fs.delete_file(probe)
+    except Exception as err:  # pyarrow raises several unrelated types for the same failure
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise OSError(f"checkpoint storage '{uri}' is not writable: {reason}") from err

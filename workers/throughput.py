@@ -1,0 +1,191 @@
+"""Throughput accounting shared by every strategy: samples/s, tokens/s, FLOP/s and MFU.
+
+Model FLOPs per sample are counted once, with `torch.utils.flop_counter.FlopCounterMode`
+over one forward and backward of a meta-device copy of the model (no memory, no compute):
+2 FLOPs per multiply-add, matmuls, convolutions and attention. They are *model* FLOPs:
+activation-checkpoint recomputation is not counted (it is work the hardware does, not
+work the model needs), and causal attention is counted as full attention.
+
+    achieved FLOP/s per worker = flops_per_sample x samples/s per worker
+    MFU                        = achieved FLOP/s per worker / peak dense FLOP/s of the device
+
+The peak is the dense (no sparsity) bf16/fp16 tensor-core figure of the device, looked up
+by name. MFU is left out (None, with the reason) on a CPU, on an unknown GPU, for fp32 (no
+tensor-core peak in the table) and for fp8: part of an fp8 run stays in bf16, so no single
+peak describes it (torchtitan does the same).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+# dense peaks in TFLOP/s: (bf16/fp16, fp8); most specific name first
+PEAK_TFLOPS: list[tuple[str, tuple[float, Optional[float]]]] = [
+    ("B200", (2250.0, 4500.0)),
+    ("H200", (989.0, 1979.0)),
+    ("H100 NVL", (835.0, 1671.0)),
+    ("H100 PCIe", (756.0, 1513.0)),
+    ("H100", (989.0, 1979.0)),  # SXM
+    ("A100", (312.0, None)),
+    ("L40S", (362.0, 733.0)),
+]
+
+
+def peak_tflops(device_name: str) -> Optional[tuple[float, Optional[float]]]:
+    for key, peaks in PEAK_TFLOPS:
+        if key.lower() in device_name.lower():
+            return peaks
+    return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def mfu(achieved_flops_per_s: float, device_name_: str, dtype: str) -> tuple[Optional[float], str]:
+    """(MFU as a fraction, or None; a note saying against what, or why not)."""
+    if dtype == "fp8":
+        return None, "no MFU for fp8: part of the model runs in bf16, so no single peak applies"
+    if dtype == "fp32":
+        return None, "no MFU for fp32: the peak table holds 16-bit tensor-core peaks"
+    peaks = peak_tflops(device_name_)
+    if peaks is None:
+        return None, f"no MFU: no peak FLOP/s known for '{device_name_}'"
+    return achieved_flops_per_s / (peaks[0] * 1e12), f"against the {peaks[0]:g} TFLOP/s dense bf16 peak"
+
+
+# --- FLOP counting --------------------------------------------------------------------
+
+
+def count_train_flops(model: nn.Module, example: torch.Tensor) -> int:
+    """FLOPs of one forward + backward of `model` on `example` (any device, meta included)."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = model(example)
+        out.float().sum().backward()
+    return int(counter.get_total_flops())
+
+
+def train_flops_per_sample(model_spec: Any, data_info: Any) -> int:
+    """Model FLOPs of one training sample (forward + backward), counted on the meta device."""
+    import kernels as kernel_ops
+    from workers import models
+
+    # the plain torch kernels compute the same math and run on meta
+    kernels = {op: "torch" for op in kernel_ops.OPS}
+    with torch.device("meta"):
+        model = models.build(copy.deepcopy(model_spec), data_info, kernels=kernels)
+        if getattr(data_info, "kind", "image") == "tokens":
+            example = torch.zeros(1, data_info.seq_len, dtype=torch.long)
+        else:
+            example = torch.zeros(1, data_info.in_channels, data_info.image_size, data_info.image_size)
+    return count_train_flops(model, example)
+
+
+# --- the meter ------------------------------------------------------------------------
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Meter:
+    """Times training steps, leaving out the first (warm-up, compilation) and pauses (eval, save)."""
+
+    device: torch.device
+    samples_per_step: int  # global batch
+    tokens_per_sample: int  # sequence length for language models, else 1
+    world_size: int
+    flops_per_sample: Optional[int] = None
+    dtype: str = "fp32"
+    compiled: bool = False
+    first_step_s: Optional[float] = None
+    _start: float = field(default_factory=time.perf_counter)
+    _steady_from: Optional[float] = None
+    _steady_steps: int = 0
+    _paused_s: float = 0.0
+
+    def step_done(self) -> None:
+        if self.first_step_s is None:
+            synchronize(self.device)
+            now = time.perf_counter()
+            self.first_step_s, self._steady_from = now - self._start, now
+        else:
+            self._steady_steps += 1
+
+    def restart(self) -> None:
+        """Call right before the first step (after resuming, building loaders, ...)."""
+        self._start = time.perf_counter()
+
+    def pause(self):
+        """Context manager: time spent inside (evaluation, checkpointing) is not training time."""
+        meter = self
+
+        class _Pause:
+            def __enter__(self):
+                synchronize(meter.device)
+                self.t = time.perf_counter()
+
+            def __exit__(self, *exc):
+                if meter._steady_from is not None:
+                    meter._paused_s += time.perf_counter() - self.t
+
+        return _Pause()
+
+    def steady_seconds(self) -> float:
+        if self._steady_from is None:
+            return 0.0
+        synchronize(self.device)
+        return max(time.perf_counter() - self._steady_from - self._paused_s, 0.0)
+
+    def rates(self, samples_per_s: float) -> dict:
+        """Per-worker and total rates, FLOP/s and MFU for a total samples/s."""
+        per_worker = samples_per_s / self.world_size
+        out = {
+            "samples_per_s": samples_per_s,
+            "samples_per_s_per_worker": per_worker,
+        }
+        if self.tokens_per_sample > 1:
+            out["tokens_per_s"] = samples_per_s * self.tokens_per_sample
+            out["tokens_per_s_per_worker"] = per_worker * self.tokens_per_sample
+        if self.flops_per_sample:
+            achieved = per_worker * self.flops_per_sample
+            out["tflops_per_worker"] = achieved / 1e12
+            name = device_name(self.device)
+            value, note = mfu(achieved, name, self.dtype) if self.device.type == "cuda" else (
+                None, "no MFU on a CPU: achieved FLOP/s only")
+            out["mfu"], out["mfu_note"] = value, note
+        return out
+
+    def log_fields(self, samples_per_s: float) -> dict:
+        """The rates worth a column in the per-step metrics log."""
+        rates = self.rates(samples_per_s)
+        keys = ("tokens_per_s", "tflops_per_worker", "mfu")
+        return {k: rates[k] for k in keys if rates.get(k) is not None}
+
+    def summary(self) -> dict:
+        seconds = self.steady_seconds()
+        steps = self._steady_steps
+        samples_per_s = steps * self.samples_per_step / seconds if steps and seconds else 0.0
+        step_s = seconds / steps if steps else None
+        out = {
+            "device": device_name(self.device), "world_size": self.world_size, "dtype": self.dtype,
+            "steady_steps": steps, "step_time_s": step_s, "first_step_s": self.first_step_s,
+            "flops_per_step": self.flops_per_sample * self.samples_per_step if self.flops_per_sample else None,
+            **self.rates(samples_per_s),
+        }
+        if self.compiled and step_s is not None and self.first_step_s is not None:
+            # the first step compiles every graph of the training step
+            out["compile_s"] = max(self.first_step_s - step_s, 0.0)
+        return out
