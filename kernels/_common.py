@@ -8,6 +8,7 @@ kernel is first *launched*, not when ``kernels`` is imported.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -69,9 +70,40 @@ def launch(kernel, grid, *args, interp_meta: dict, **kwargs):
     bare one (interpreter) gets the single small config ``interp_meta``."""
     if LAUNCH_HOOK is not None:
         return LAUNCH_HOOK(kernel, args, kwargs)
-    if not isinstance(kernel, triton.runtime.Autotuner):
-        kwargs = {**kwargs, **interp_meta}
-    return kernel[grid](*args, **kwargs)
+    if isinstance(kernel, triton.runtime.Autotuner):
+        return kernel[grid](*args, **kwargs)
+    with _interpretable_stdlib():
+        return kernel[grid](*args, **kwargs, **interp_meta)
+
+
+_INTERPRETED = {}
+
+
+@contextlib.contextmanager
+def _interpretable_stdlib():
+    """Let the interpreter call triton.language's own @jit helpers.
+
+    tl.sum, tl.max, tl.sigmoid, ... are decorated when triton.language is
+    imported; if TRITON_INTERPRET was not set then, they are JITFunctions,
+    whose __call__ refuses to run from Python.  For the duration of an
+    interpreted launch, route such calls through an InterpretedFunction.
+    The GPU compiler never calls JITFunction.__call__, so it is unaffected."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    def call(self, *args, **kwargs):
+        # Keyed by id: JITFunction.__hash__ walks the source, which fails
+        # while the interpreter has tl.* patched.
+        if id(self) not in _INTERPRETED:
+            _INTERPRETED[id(self)] = (self, InterpretedFunction(self.fn))
+        return _INTERPRETED[id(self)][1](*args, **kwargs)
+
+    original = JITFunction.__call__
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
 
 
 def acc_dtype(dtype: torch.dtype):

@@ -10,7 +10,7 @@ loops over K/V tiles (dq), so no atomics are needed.
 
 Causal masking is top-left aligned (query i sees keys 0..i), the same as
 F.scaled_dot_product_attention(is_causal=True).  Sequence tails and head dims
-that are not powers of two are handled with masks; head_dim <= 256.
+that are not powers of two are handled with masks; head_dim <= 128.
 """
 import functools
 import math
@@ -24,7 +24,8 @@ from ._common import (NAMESPACE, acc_dtype, dot_precision, interpreting, launch,
                       maybe_autotune, next_power_of_2, tl, triton)
 
 LOG2E = 1.4426950408889634
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 128  # larger heads need smaller tiles than the autotune lists hold
+MAX_GRID_Y = 65535  # batch * heads is the grid's second axis
 
 # Under the interpreter: small, deliberately unequal tiles so that multi-tile
 # loops, sequence tails and the causal diagonal are all exercised by small tests.
@@ -59,7 +60,7 @@ _KEY = ["S_Q", "S_K", "HEAD_DIM", "CAUSAL"]
 @functools.cache
 def _triton_kernels(interpret: bool):
     @triton.jit
-    def fwd(Q, K, V, O, LSE,
+    def attn_fwd_kernel(Q, K, V, O, LSE,
             s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs, s_ob, s_oh, s_os,
             H, S_Q, S_K, qk_scale,
             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
@@ -116,7 +117,7 @@ def _triton_kernels(interpret: bool):
         tl.store(LSE + bh * S_Q + rows, m_i + tl.log2(l_i), mask=row_ok)
 
     @triton.jit
-    def bwd_pre(O, DO, DELTA, s_ob, s_oh, s_os, s_db, s_dh, s_ds, H, S_Q,
+    def attn_bwd_preprocess_kernel(O, DO, DELTA, s_ob, s_oh, s_os, s_db, s_dh, s_ds, H, S_Q,
                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr,
                 BLOCK_M: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -132,7 +133,7 @@ def _triton_kernels(interpret: bool):
         tl.store(DELTA + bh * S_Q + rows, tl.sum(o * do, axis=1), mask=rows < S_Q)
 
     @triton.jit
-    def bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV,
+    def attn_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                  s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
                  s_db, s_dh, s_ds, s_kgb, s_kgh, s_kgs, s_vgb, s_vgh, s_vgs,
                  H, S_Q, S_K, qk_scale, sm_scale,
@@ -192,7 +193,7 @@ def _triton_kernels(interpret: bool):
                  dv.to(DV.dtype.element_ty), mask=kv_mask)
 
     @triton.jit
-    def bwd_dq(Q, K, V, DO, LSE, DELTA, DQ,
+    def attn_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                s_qb, s_qh, s_qs, s_kb, s_kh, s_ks, s_vb, s_vh, s_vs,
                s_db, s_dh, s_ds, s_qgb, s_qgh, s_qgs,
                H, S_Q, S_K, qk_scale, sm_scale,
@@ -248,10 +249,10 @@ def _triton_kernels(interpret: bool):
 
     pre_configs = [triton.Config({"BLOCK_M": bm}, num_warps=w) for bm in (64, 128) for w in (4, 8)]
     return SimpleNamespace(
-        fwd=maybe_autotune(fwd, _configs((64, 128), (32, 64, 128)), _KEY, interpret),
-        pre=maybe_autotune(bwd_pre, pre_configs, ["S_Q", "HEAD_DIM"], interpret),
-        dkdv=maybe_autotune(bwd_dkdv, _configs((32, 64), (64, 128)), _KEY, interpret),
-        dq=maybe_autotune(bwd_dq, _configs((64, 128), (32, 64)), _KEY, interpret),
+        fwd=maybe_autotune(attn_fwd_kernel, _configs((64, 128), (32, 64, 128)), _KEY, interpret),
+        pre=maybe_autotune(attn_bwd_preprocess_kernel, pre_configs, ["S_Q", "HEAD_DIM"], interpret),
+        dkdv=maybe_autotune(attn_bwd_dkdv_kernel, _configs((32, 64), (64, 128)), _KEY, interpret),
+        dq=maybe_autotune(attn_bwd_dq_kernel, _configs((64, 128), (32, 64)), _KEY, interpret),
     )
 
 
@@ -354,6 +355,8 @@ def attention_triton(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scal
                          f"k={tuple(k.shape)} v={tuple(v.shape)}")
     if q.shape[-1] > MAX_HEAD_DIM:
         raise ValueError(f"kernels.attention: head_dim must be <= {MAX_HEAD_DIM}")
+    if q.shape[0] * q.shape[1] > MAX_GRID_Y:
+        raise ValueError(f"kernels.attention: batch * heads must be <= {MAX_GRID_Y}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     return AttentionFunction.apply(q, k, v, bool(causal), float(scale))

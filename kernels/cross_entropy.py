@@ -51,7 +51,7 @@ def _configs():
 @functools.cache
 def _triton_kernels(interpret: bool):
     @triton.jit
-    def fwd(LOGITS, TARGET, LOSS, LSE, GRAD_SCALE, stride, V, ignore_index, smoothing,
+    def cross_entropy_fwd_kernel(LOGITS, TARGET, LOSS, LSE, GRAD_SCALE, stride, V, ignore_index, smoothing,
             WRITE_GRAD: tl.constexpr, ACC: tl.constexpr, BLOCK_V: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         base = LOGITS + row * stride
@@ -81,7 +81,7 @@ def _triton_kernels(interpret: bool):
                 tl.store(base + cols, (grad * g).to(LOGITS.dtype.element_ty), mask=cols < V)
 
     @triton.jit
-    def bwd(LOGITS, TARGET, LSE, DLOGITS, GRAD_SCALE, stride, dstride, V, ignore_index,
+    def cross_entropy_bwd_kernel(LOGITS, TARGET, LSE, DLOGITS, GRAD_SCALE, stride, dstride, V, ignore_index,
             smoothing, ACC: tl.constexpr, BLOCK_V: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         t = tl.load(TARGET + row)
@@ -96,9 +96,9 @@ def _triton_kernels(interpret: bool):
 
     return SimpleNamespace(
         # The in-place variant rewrites LOGITS, so benchmarking configs must restore it.
-        fwd=maybe_autotune(fwd, _configs(), ["V", "WRITE_GRAD"], interpret,
+        fwd=maybe_autotune(cross_entropy_fwd_kernel, _configs(), ["V", "WRITE_GRAD"], interpret,
                            restore_value=["LOGITS"]),
-        bwd=maybe_autotune(bwd, _configs(), ["V"], interpret),
+        bwd=maybe_autotune(cross_entropy_bwd_kernel, _configs(), ["V"], interpret),
     )
 
 

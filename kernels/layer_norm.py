@@ -35,7 +35,7 @@ def _configs():
 @functools.cache
 def _triton_kernels(interpret: bool):
     @triton.jit
-    def fwd(X, Y, W, B, Mean, Rstd, stride_x, stride_y, N, eps,
+    def layer_norm_fwd_kernel(X, Y, W, B, Mean, Rstd, stride_x, stride_y, N, eps,
             BLOCK_N: tl.constexpr, ACC: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_N)
@@ -53,7 +53,7 @@ def _triton_kernels(interpret: bool):
         tl.store(Rstd + row, rstd)
 
     @triton.jit
-    def bwd(DY, X, W, Mean, Rstd, DX, DW, DB, stride_dy, stride_x, stride_dx,
+    def layer_norm_bwd_kernel(DY, X, W, Mean, Rstd, DX, DW, DB, stride_dy, stride_x, stride_dx,
             M, N, rows_per_program, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_N)
@@ -81,8 +81,8 @@ def _triton_kernels(interpret: bool):
         tl.store(DB + pid * N + cols, db, mask=mask)
 
     return SimpleNamespace(
-        fwd=maybe_autotune(fwd, _configs(), ["N"], interpret),
-        bwd=maybe_autotune(bwd, _configs(), ["N"], interpret),
+        fwd=maybe_autotune(layer_norm_fwd_kernel, _configs(), ["N"], interpret),
+        bwd=maybe_autotune(layer_norm_bwd_kernel, _configs(), ["N"], interpret),
     )
 
 

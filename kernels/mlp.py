@@ -44,7 +44,7 @@ def _flat_configs():
 @functools.cache
 def _triton_kernels(interpret: bool):
     @triton.jit
-    def gelu_fwd(X, B, Y, M, N, stride_x, stride_y, ACC: tl.constexpr,
+    def bias_gelu_fwd_kernel(X, B, Y, M, N, stride_x, stride_y, ACC: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -56,7 +56,7 @@ def _triton_kernels(interpret: bool):
         tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def gelu_bwd(DY, X, B, DX, DB, M, N, stride_dy, stride_x, stride_dx, ACC: tl.constexpr,
+    def bias_gelu_bwd_kernel(DY, X, B, DX, DB, M, N, stride_dy, stride_x, stride_dx, ACC: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         pid_m = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -80,7 +80,7 @@ def _triton_kernels(interpret: bool):
         tl.store(DB + pid_m * N + cols, db, mask=col_ok)
 
     @triton.jit
-    def swiglu_fwd(A, B, Y, numel, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    def swiglu_fwd_kernel(A, B, Y, numel, ACC: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < numel
         a = tl.load(A + offs, mask=mask, other=0.0).to(ACC)
@@ -89,7 +89,7 @@ def _triton_kernels(interpret: bool):
         tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def swiglu_bwd(DY, A, B, DA, DB, numel, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    def swiglu_bwd_kernel(DY, A, B, DA, DB, numel, ACC: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < numel
         dy = tl.load(DY + offs, mask=mask, other=0.0).to(ACC)
@@ -101,10 +101,10 @@ def _triton_kernels(interpret: bool):
         tl.store(DB + offs, (dy * silu).to(DB.dtype.element_ty), mask=mask)
 
     return SimpleNamespace(
-        gelu_fwd=maybe_autotune(gelu_fwd, _configs(), ["N"], interpret),
-        gelu_bwd=maybe_autotune(gelu_bwd, _configs(), ["N"], interpret),
-        swiglu_fwd=maybe_autotune(swiglu_fwd, _flat_configs(), ["numel"], interpret),
-        swiglu_bwd=maybe_autotune(swiglu_bwd, _flat_configs(), ["numel"], interpret),
+        gelu_fwd=maybe_autotune(bias_gelu_fwd_kernel, _configs(), ["N"], interpret),
+        gelu_bwd=maybe_autotune(bias_gelu_bwd_kernel, _configs(), ["N"], interpret),
+        swiglu_fwd=maybe_autotune(swiglu_fwd_kernel, _flat_configs(), ["numel"], interpret),
+        swiglu_bwd=maybe_autotune(swiglu_bwd_kernel, _flat_configs(), ["numel"], interpret),
     )
 
 

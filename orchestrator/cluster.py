@@ -112,6 +112,8 @@ def connect(address: Optional[str], num_cpus: int = 1) -> Iterator[str]:
             where = f"Ray cluster at {address}"
         else:
             temp_dir = tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp")
+            # a new local cluster uses token auth (Ray's default); no need to warn about it
+            logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
             ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus), include_dashboard=False,
                      _temp_dir=temp_dir, log_to_driver=False, logging_level=logging.WARNING)
             where = f"local Ray ({int(ray.cluster_resources().get('CPU', 0))} CPUs)"
@@ -137,6 +139,7 @@ def jobs_client(address: Optional[str]):
     use_token_if_available()
     from ray.job_submission import JobSubmissionClient
 
+    logging.getLogger("ray").setLevel(logging.ERROR)  # packaging and websocket chatter
     try:
         return JobSubmissionClient(address)
     except Exception as err:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -40,6 +41,9 @@ def run(spec: JobSpec, address: Optional[str] = None, summary_path: Optional[str
         address = cluster.driver_address(address)
         needed_cpus = math.ceil(spec.resources.num_workers * spec.resources.cpus_per_worker)
         with cluster.connect(address, num_cpus=needed_cpus) as where:
+            if threading.current_thread() is threading.main_thread():
+                # after ray.init, whose own SIGTERM handler would end the process mid-C++
+                signal.signal(signal.SIGTERM, _raise_stopped)
             _check_resources(spec, local=address is None)
             print(f"[{spec.name}] {spec.resources.num_workers} worker(s) on {where};"
                   f" checkpoints in {run_uri}", flush=True)
@@ -47,6 +51,10 @@ def run(spec: JobSpec, address: Optional[str] = None, summary_path: Optional[str
     except (cluster.ClusterError, OSError) as err:
         print(f"error: {spec.name}: {err}", file=sys.stderr, flush=True)
         return 1
+    except Stopped:
+        print(f"error: {spec.name}: stopped (SIGTERM); its checkpoints stay in {run_uri}",
+              file=sys.stderr, flush=True)
+        return 128 + signal.SIGTERM
     write_summary(summary, summary_path)
     if summary.get("steps") is not None:
         print_summary(summary)
@@ -54,6 +62,14 @@ def run(spec: JobSpec, address: Optional[str] = None, summary_path: Optional[str
         print(f"error: {spec.name}: {summary['reason']}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+class Stopped(Exception):
+    """SIGTERM, e.g. from `orchestrator stop`: leave through ray.shutdown(), not mid-C++."""
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped()
 
 
 def _preflight(spec: JobSpec, run_uri: str) -> None:

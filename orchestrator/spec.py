@@ -181,9 +181,6 @@ class JobSpec(Section):
 
 # --- cross-field checks -------------------------------------------------------------
 
-IMAGE_FAMILIES = {"convnet", "resnet", "vit"}
-
-
 def cross_field_problems(spec: JobSpec) -> list[str]:
     """Checks that span sections; each returns 'dotted.path: reason'."""
     problems = []
@@ -216,17 +213,11 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
 def _model_and_data_problems(spec: JobSpec) -> list[str]:
     from workers import data, models  # lazy: keeps `import orchestrator.spec` light
 
-    problems = [f"model.{path}: {msg}" for path, msg in
-                models.check(spec.model.family, spec.model.preset, spec.model.overrides)]
-    problems += [f"data.{path}: {msg}" for path, msg in data.check(spec.data)]
-    if problems:
-        return problems
-    kind = "image" if spec.data.source in {"digits", "fashion-mnist"} else (
-        "tokens" if spec.data.source == "text" else spec.data.kind)
-    wants = "tokens" if spec.model.family == "gpt" else "image"
-    if kind != wants:
-        problems.append(f"data.source: model family '{spec.model.family}' needs {wants} data,"
-                        f" but '{spec.data.source}' gives {kind} data")
+    problems = [f"data.{path}: {msg}" for path, msg in data.check(spec.data)]
+    # with valid data, model constraints are checked on the shapes the data gives (28px, ...)
+    data_info = None if problems else data.describe(spec.data)
+    problems += [f"model.{path}: {msg}" for path, msg in
+                 models.check(spec.model.family, spec.model.preset, spec.model.overrides, data_info)]
     return problems
 
 

@@ -98,8 +98,8 @@ def stop_ray_head(head: RayHead) -> None:
     if head.process.poll() is None:
         head.process.send_signal(signal.SIGTERM)
         try:
-            head.process.wait(60)
-        except subprocess.TimeoutExpired:
+            head.process.wait(15)
+        except subprocess.TimeoutExpired:  # the group we started, by its id
             os.killpg(head.process.pid, signal.SIGKILL)
             head.process.wait(10)
     shutil.rmtree(head.temp_dir, ignore_errors=True)

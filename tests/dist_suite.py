@@ -25,7 +25,7 @@ VIT = ["model.family=vit", "model.preset=vit_micro", "data.batch_size=32", f"tra
        "train.eval_every=null", "metrics.log_every=1", "checkpoint.keep=5"]
 GPT = ["model.preset=gpt_nano", "data.source=synthetic", "data.kind=tokens", "data.seq_len=32",
        "data.num_samples=512", "data.batch_size=16", "train.steps=12", "train.eval_every=null",
-       "train.eval_batches=4", "metrics.log_every=1"]
+       "train.eval_batches=4", "metrics.log_every=1", "optimizer.lr=0.01", "scheduler.warmup_steps=2"]
 
 FSDP2, DDP = "parallel.strategy=fsdp2", "parallel.strategy=ddp"
 ONE = "parallel.strategy=none", "resources.num_workers=1"
@@ -38,24 +38,24 @@ LOCAL_RUNS = {
     "one_bf16": (VIT_JOB, VIT + [*ONE, "precision.dtype=bf16"]),
     "gpt_bf16": (GPT_JOB, GPT + [*ONE, "precision.dtype=bf16"]),
 }
-# 2-process runs, in order; "copy" puts a step-10 checkpoint into the run's directory first
+# 2-process runs, in order; a third field names the run whose step-10 checkpoint is copied
+# into this run's directory first, so that it resumes from there
 DIST_RUNS = {
-    "fsdp2": (VIT_JOB, VIT + [FSDP2, CKPT10, "train.grad_accum=2"], None),
+    # parity with "one"; gradient accumulation; async checkpoints (every 10 steps)
+    "fsdp2": (VIT_JOB, VIT + [FSDP2, CKPT10, "checkpoint.async=true", "train.grad_accum=2"], None),
     "ddp": (VIT_JOB, VIT + [DDP], None),
     "fsdp2_bf16": (VIT_JOB, VIT + [FSDP2, "precision.dtype=bf16"], None),
     "ddp_bf16": (VIT_JOB, VIT + [DDP, "precision.dtype=bf16"], None),
-    "fsdp2_fp16": (VIT_JOB, VIT + [FSDP2, "precision.dtype=fp16"], None),
-    # resume the 2-worker run at step 10 on 2 workers; and a 1-worker checkpoint on 2 workers
+    "fsdp2_fp16": (VIT_JOB, VIT + [FSDP2, "precision.dtype=fp16", "train.steps=12"], None),
+    # the 2-worker (async-written) checkpoint resumed on 2 workers; a 1-worker one on 2 workers
     "fsdp2_resumed": (VIT_JOB, VIT + [FSDP2, CKPT10, "train.grad_accum=2"], "fsdp2"),
     "from_one": (VIT_JOB, VIT + [FSDP2, CKPT10], "one"),
-    "fsdp2_async": (VIT_JOB, VIT + [FSDP2, "train.grad_accum=2", "checkpoint.every_steps=5",
-                                    "checkpoint.async=true"], None),
     # the features together: float8 + compile + activation checkpointing under each strategy
     "gpt_fsdp2_fp8": (GPT_JOB, GPT + [FSDP2, "precision.dtype=fp8", "precision.compile=true",
                                       "parallel.activation_checkpointing=selective",
                                       "parallel.selective_policy=ops", "parallel.cpu_offload=true"], None),
     "vit_ddp_fp8": (VIT_JOB, VIT + [DDP, "precision.dtype=fp8", "precision.compile=true",
-                                    "parallel.activation_checkpointing=full"], None),
+                                    "parallel.activation_checkpointing=full", "train.steps=12"], None),
 }
 JOB_NAMES = {VIT_JOB: "convnet-digits", GPT_JOB: "gpt-charlm"}
 

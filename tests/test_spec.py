@@ -57,6 +57,8 @@ BAD_FIELDS = [
     (setter("model.preset", "vit_hugee"), "model.preset", "unknown preset"),
     (setter("model.overrides", {"dept": 3}), "model.overrides.dept", "did you mean 'depth'"),
     (setter("model.overrides", {"depth": "deep"}), "model.overrides.depth", "integer"),
+    (setter("model.overrides", {"patch_size": 3}), "model.overrides.patch_size",
+     "image_size 8 is not divisible by patch_size 3"),  # checked against the data's 8x8 images
     (setter("data.source", "imagenet"), "data.source", "'imagenet' is not allowed"),
     (setter("data.batch_size", 0), "data.batch_size", "greater than or equal to 1"),
     (setter("data.batch_size", "lots"), "data.batch_size", "integer"),
@@ -92,7 +94,7 @@ BAD_FIELDS = [
     (lambda raw: (setter("data.batch_size", 32)(raw), setter("train.grad_accum", 3)(raw)),
      "data.batch_size", "divisible"),
     (setter("resources.num_workers", 2), "parallel.strategy", "'none' trains on one worker"),
-    (setter("model", {"family": "gpt", "preset": "gpt_nano"}), "data.source", "needs tokens data"),
+    (setter("model", {"family": "gpt", "preset": "gpt_nano"}), "model.family", "needs tokens data"),
     (setter("train.early_stopping", {"patience": 2}), "train.early_stopping", "needs train.eval_every"),
     (setter("checkpoint.storage", "  "), "checkpoint.storage", "empty"),
     (lambda raw: (setter("precision.dtype", "fp8")(raw),

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 log = logging.getLogger("workers.checkpoint")
@@ -46,6 +47,15 @@ METRICS_FILE = "metrics.jsonl"
 
 class CheckpointError(RuntimeError):
     pass
+
+
+def _first_failure(err: BaseException) -> str:
+    """The readable cause of a DCP failure: CheckpointException wraps each rank's exception."""
+    failures = getattr(err, "failures", None)
+    if failures:
+        err = next(iter(failures.values()))[0]  # a rank's failure: (exception, traceback)
+    text = str(err).strip()
+    return text.splitlines()[-1] if text else type(err).__name__
 
 
 def rng_state() -> dict[str, Any]:
@@ -170,9 +180,9 @@ def load(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.O
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*assuming the intent is to")
             dcp.load(state, checkpoint_id=str(directory))
-    except Exception as err:  # DCP wraps shape/key mismatches in several exception types
-        raise CheckpointError(
-            f"checkpoint '{directory}' does not fit this model: {str(err).splitlines()[0]}") from err
+    except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
+        raise CheckpointError(f"checkpoint '{directory}' does not fit this model: "
+                              f"{_first_failure(err)}") from err
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     rng_file = directory / "rng" / f"rank_{rank:05d}.pt"

@@ -88,8 +88,20 @@ def _duration(job) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _id(job) -> str:
+    return job.submission_id or job.job_id or "-"
+
+
 def _job_name(job) -> str:
-    return (job.metadata or {}).get("orchestrator_job") or job.entrypoint
+    """The spec's job name for submitted jobs; the command for drivers started by hand."""
+    name = (job.metadata or {}).get("orchestrator_job")
+    if name:
+        return name
+    words = (job.entrypoint or "").split()
+    for i, word in enumerate(words):  # `.../python .../orchestrator run SPEC ...` -> `run SPEC`
+        if word.endswith("orchestrator") and i + 2 < len(words):
+            return f"{words[i + 1]} {words[i + 2]}"
+    return " ".join(words)
 
 
 @with_cluster_errors
@@ -122,15 +134,17 @@ def handle_list(args) -> int:
         print("no jobs on this cluster")
         return 0
     table = Table(box=None, header_style="bold")
-    for column in ("ID", "STATUS", "JOB", "STARTED", "DURATION"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("MESSAGE", overflow="ellipsis", no_wrap=True, max_width=60)
+    table.add_column("ID", no_wrap=True, min_width=max(len(_id(j)) for j in jobs))
+    table.add_column("STATUS", no_wrap=True, min_width=9)
+    table.add_column("JOB", no_wrap=True, overflow="ellipsis", max_width=40)
+    table.add_column("STARTED", no_wrap=True, min_width=19)
+    table.add_column("DURATION", no_wrap=True)
+    table.add_column("MESSAGE", no_wrap=True, overflow="ellipsis", max_width=60)
     colors = {"SUCCEEDED": "green", "FAILED": "red", "RUNNING": "cyan", "STOPPED": "yellow"}
     for job in sorted(jobs, key=lambda j: j.start_time or 0):
         status = str(getattr(job.status, "value", job.status))
         message = (job.message or "").strip().splitlines()
-        table.add_row(job.submission_id or job.job_id or "-",
-                      f"[{colors.get(status, 'white')}]{status}[/]", _job_name(job),
+        table.add_row(_id(job), f"[{colors.get(status, 'white')}]{status}[/]", _job_name(job),
                       _time(job.start_time), _duration(job), message[-1] if message else "")
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table)

@@ -1,0 +1,164 @@
+"""`orchestrator run` on a real Ray cluster: DDP, checkpoints in storage, resume, worker failure.
+
+Most tests join the session's `ray start --head` cluster (token auth on) with --address; one
+runs without an address, so the driver starts and stops a local cluster of its own.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits: loads instantly
+
+
+def run(head, storage, *overrides, summary=None, env=None, address=True, timeout=240):
+    args = ["run", SPEC, "--set", f"checkpoint.storage={storage}"]
+    for override in overrides:
+        args += ["--set", override]
+    if address:
+        args += ["--address", head.address]
+    if summary:
+        args += ["--summary", str(summary)]
+    return run_cli(*args, env={**head.env, **(env or {})}, timeout=timeout)
+
+
+def train_steps(metrics_file: Path) -> list[int]:
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    return [r["step"] for r in records if "loss" in r]
+
+
+def checkpoints(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in run_dir.glob("checkpoint_*") if p.is_dir())
+
+
+@pytest.mark.timeout(420)
+def test_ddp_job_checkpoints_to_storage_and_resumes(ray_head, tmp_path):
+    common = ["checkpoint.every_steps=5", "metrics.log_every=5"]
+    first = run(ray_head, tmp_path, "train.steps=10", *common, summary=tmp_path / "first.json")
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads((tmp_path / "first.json").read_text())
+    run_dir = tmp_path / "convnet-digits"
+    assert summary["status"] == "succeeded" and summary["steps"] == 10
+    assert summary["world_size"] == 2 and summary["restarts"] == 0
+    assert summary["checkpoint"] == str(run_dir / "checkpoint_00000010")
+    assert checkpoints(run_dir) == ["checkpoint_00000005", "checkpoint_00000010"]
+    # both ranks' parts were merged into one directory in storage
+    last = run_dir / "checkpoint_00000010"
+    assert {p.name for p in last.glob("*.distcp")} == {"__0_0.distcp", "__1_0.distcp"}
+    assert (last / ".metadata").exists() and (last / "trainer.pt").exists()
+    assert sorted(p.name for p in (last / "rng").iterdir()) == ["rank_00000.pt", "rank_00001.pt"]
+    assert "workers: rank 0 pid" in first.stdout and "step 10/10" in first.stdout
+
+    again = run(ray_head, tmp_path, "train.steps=20", *common, summary=tmp_path / "again.json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((tmp_path / "again.json").read_text())
+    assert "resuming at step 10" in again.stdout and "step 5/" not in again.stdout
+    assert summary["steps"] == 20 and summary["resumed_from_step"] == 10
+    assert checkpoints(run_dir) == ["checkpoint_00000010", "checkpoint_00000015",
+                                    "checkpoint_00000020"]  # checkpoint.keep: 3
+    assert train_steps(run_dir / "metrics.jsonl") == [5, 10, 15, 20]
+
+
+def _read_until(process, pattern: str, lines: list, deadline: float) -> str:
+    while time.time() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if pattern in line:
+            return line
+    raise AssertionError(f"never saw {pattern!r}; output:\n{''.join(lines)[-3000:]}")
+
+
+@pytest.mark.timeout(420)
+def test_killed_worker_restarts_from_last_checkpoint(ray_head, tmp_path):
+    steps = 400  # long enough to still be training after the kill, even on a fast machine
+    args = [sys.executable, "-m", "orchestrator", "run", SPEC, "--address", ray_head.address,
+            "--summary", str(tmp_path / "summary.json")]
+    for override in [f"checkpoint.storage={tmp_path}", f"train.steps={steps}",
+                     "checkpoint.every_steps=40", "metrics.log_every=20",
+                     "fault_tolerance.max_failures=1", "train.eval_every=null"]:
+        args += ["--set", override]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **ray_head.env}
+    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.time() + 300
+        workers = _read_until(process, "workers: rank 0 pid", lines, deadline)
+        victim = int(workers.split("rank 1 pid ")[1].split()[0])
+        _read_until(process, "checkpoint at step 40", lines, deadline)
+        cmdline = Path(f"/proc/{victim}/cmdline").read_bytes()
+        assert b"ray::" in cmdline, cmdline  # a Ray worker process, not something else
+        os.kill(victim, signal.SIGKILL)
+        rest, _ = process.communicate(timeout=300)
+        lines.append(rest)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = "".join(lines)
+    assert process.returncode == 0, output[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["restarts"] == 1, output[-3000:]
+    assert summary["steps"] == summary["total_steps"] == steps  # what an undisturbed run does
+    assert "restart 1: workers:" in output and "restarted from the checkpoint at step" in output
+    # the log as of the checkpoint was kept and continued: every step once, none lost
+    assert train_steps(tmp_path / "convnet-digits" / "metrics.jsonl") == list(range(20, steps + 1, 20))
+
+
+@pytest.mark.timeout(300)
+def test_local_cluster_run_fails_on_nan_and_keeps_the_last_good_checkpoint(ray_head, tmp_path):
+    # no --address: the driver starts a private local Ray and stops it again; a huge weight
+    # decay blows the weights up after the step-1 checkpoint
+    result = run(ray_head, tmp_path, "train.steps=10", "checkpoint.every_steps=1",
+                 "metrics.log_every=1", "optimizer.weight_decay=1e30", address=False,
+                 summary=tmp_path / "summary.json", env={"HOME": str(tmp_path)})
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "local Ray" in result.stdout
+    reason = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert reason and "loss is not finite" in reason[-1], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    good = tmp_path / "convnet-digits" / "checkpoint_00000001"
+    assert checkpoints(good.parent) == ["checkpoint_00000001"]
+    assert (good / "trainer.pt").exists() and (good / ".metadata").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("storage", [
+    "{tmp}/a-file/runs",  # a path under a regular file: cannot be created
+    "s3://bucket/runs?endpoint_override=127.0.0.1:9&scheme=http",  # nothing listens there
+])
+def test_unusable_storage_fails_before_any_worker_starts(ray_head, tmp_path, storage):
+    (tmp_path / "a-file").write_text("not a directory")
+    storage = storage.format(tmp=tmp_path)
+    result = run(ray_head, storage, env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+                                         "AWS_EC2_METADATA_DISABLED": "true"})
+    assert result.returncode == 1
+    assert "error: convnet-digits: checkpoint storage '" in result.stderr
+    assert storage.split("?")[0] in result.stderr and "is not writable" in result.stderr
+    assert "workers:" not in result.stdout and "Traceback" not in result.stderr
+
+
+def test_spec_errors_exit_2_before_touching_a_cluster(ray_head, tmp_path):
+    result = run(ray_head, tmp_path, "data.source=parquet", f"data.path={tmp_path}/missing")
+    assert result.returncode == 2 and "data.path" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_dashboard_address_is_explained(ray_head, tmp_path):
+    result = run_cli("run", SPEC, "--set", f"checkpoint.storage={tmp_path}",
+                     "--address", ray_head.dashboard, env=ray_head.env)
+    assert result.returncode == 1
+    assert "is a dashboard (Jobs API) address" in result.stderr
+    assert "orchestrator submit" in result.stderr
