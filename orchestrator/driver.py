@@ -58,6 +58,8 @@ def run(spec: JobSpec, address: Optional[str] = None, summary_path: Optional[str
     write_summary(summary, summary_path)
     if summary.get("steps") is not None:
         print_summary(summary)
+    if summary.get("restarts"):
+        print(f"[{spec.name}] restarts: {summary['restarts']} (resumed from checkpoints)", flush=True)
     if summary["status"] == "failed":
         print(f"error: {spec.name}: {summary['reason']}", file=sys.stderr, flush=True)
         return 1
@@ -152,21 +154,20 @@ def _fit(spec: JobSpec, run: str, run_uri: str) -> dict:
 
 
 def _summary(spec: JobSpec, run: str, outcome: dict, failure: list, monitor: "Monitor") -> dict:
-    restarts = max(outcome["attempts"] - 1, 0)
-    error = outcome["error"]
-    summary = outcome["summary"]
-    if summary is None or (error and not error["retry"]):
-        # no summary from rank 0: the run failed; say why in the workers' own words
-        if error and (not error["retry"] or not failure):
-            reason = f"rank {error['rank']}: {error['reason']}"
-        elif failure:
-            reason = _failure_reason(failure[0], error)
-        else:
-            reason = "the workers stopped without a result"
+    error, summary = outcome["error"], outcome["summary"]
+    reason = None  # why the run failed, in the workers' own words where they gave them
+    if error and not error["retry"]:
+        reason = f"rank {error['rank']}: {error['reason']}"
+    elif failure:  # Ray gave up: out of restarts, or a failure outside the training function
+        reason = _failure_reason(failure[0], error)
+    elif summary is None:
+        reason = "the workers stopped without a result"
+    if reason is not None and (summary is None or summary["status"] != "failed"):
         summary = {"job": spec.name, "run": run, "status": "failed", "reason": reason,
                    "steps": monitor.last_step, "checkpoint": monitor.last_checkpoint,
                    "samples_per_s": 0.0}
-    summary.update(restarts=restarts, resumed_from_step=outcome["resumed_from"])
+    summary.update(restarts=max(outcome["attempts"] - 1, 0),
+                   resumed_from_step=outcome["resumed_from"])
     return summary
 
 

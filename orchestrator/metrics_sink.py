@@ -1,9 +1,9 @@
 """The driver-owned actor that carries per-step metrics, checkpoints and the outcome of a run.
 
 `ray.train.report()` is a barrier that can block for seconds in Ray Train V2, so the workers
-use it only to register checkpoints. Everything else goes to this actor: rank 0 sends each
-metrics record fire-and-forget (the call returns at once), and the driver polls the actor to
-print progress and keep `metrics.jsonl` in storage up to date.
+use it only to register checkpoints. Everything else goes to this actor: rank 0 sends its
+metrics records in batches, fire-and-forget (the call returns at once), and the driver polls
+the actor to print progress and keep `metrics.jsonl` in storage up to date.
 
 Each start of the worker group is an *attempt*; Ray Train restarts the whole group after a
 failure, and every group has a placement group of its own, so a new placement group id
@@ -55,12 +55,12 @@ class MetricsSink:
             self.resumed_from = step
         self.events.append(("start", attempt, step))
 
-    def log(self, attempt: int, record: dict) -> None:
+    def log(self, attempt: int, records: list[dict]) -> None:
         if attempt != len(self.groups) - 1:
             return  # from a worker group that has since been replaced
-        self.records.append(record)
+        self.records.extend(records)
         self.version += 1
-        self.events.append(("record", record))
+        self.events.extend(("record", r) for r in records)
 
     def checkpoint(self, attempt: int, step: int, uri: str) -> None:
         self.events.append(("checkpoint", step, uri))

@@ -66,9 +66,8 @@ def test_async_checkpoints_measure_the_time_training_was_blocked(runs):
     assert summary["checkpoint"].endswith("checkpoint_00000020")
     assert sorted(p.name for p in runs["fsdp2"].directory.glob("checkpoint_*")) == [
         "checkpoint_00000010", "checkpoint_00000020"]
-    # the background writes went to a staging directory that publishing emptied
-    staging = runs["fsdp2"].directory.parent / ".staging"
-    assert not any(p.is_file() for p in staging.rglob("*"))
+    # the background writes went to a staging directory that publishing moved and removed
+    assert not (runs["fsdp2"].directory.parent / ".staging").exists()
     sync = runs["from_one"].summary  # synchronous saves report the same measure
     assert sync["checkpoint_blocked_s"] > 0
 

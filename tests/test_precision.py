@@ -79,6 +79,24 @@ def test_compile_per_block_matches_eager(tmp_path, bf16, model, monkeypatch):
     assert summary["throughput"]["first_step_s"] >= summary["compile_s"]
 
 
+def test_convolutional_models_compile_as_a_whole_outside_fsdp2(monkeypatch):
+    from workers import compile as compile_
+    from workers import models
+
+    monkeypatch.setenv("ORCHESTRATOR_COMPILE_BACKEND", "aot_eager")
+    spec = validate({"name": "c", "model": {"family": "convnet", "preset": "convnet_small"},
+                     "data": {"source": "digits"}, "train": {"steps": 1},
+                     "precision": {"compile": True}})
+    model = models.build(spec.model, None).eval()  # eval: batch norm uses its running stats
+    x = torch.randn(2, model.config.in_channels, model.config.image_size, model.config.image_size)
+    eager = model(x)
+    assert compile_.apply(model, spec) == "model"
+    assert model._compiled_call_impl is not None
+    torch.testing.assert_close(model(x), eager)
+    spec.parallel.strategy = "fsdp2"  # FSDP2 shards per block: compile per block there
+    assert compile_.apply(models.build(spec.model, None), spec) == "blocks"
+
+
 @pytest.mark.parametrize("model,mode,wrapped", [
     ("vit", ["parallel.activation_checkpointing=full"], [0, 1, 2, 3]),
     ("vit", ["parallel.activation_checkpointing=selective", "parallel.checkpoint_every=2"], [1, 3]),

@@ -90,11 +90,6 @@ def parallelize(model: nn.Module, spec: JobSpec, mesh=None) -> nn.Module:
     return model
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model under DDP (FSDP2 and the other steps convert in place)."""
-    return model.module if isinstance(model, DDP) else model
-
-
 def no_gradient_sync(model: nn.Module):
     """Skip the gradient all-reduce on the inner steps of gradient accumulation (DDP).
 

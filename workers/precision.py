@@ -25,7 +25,6 @@ COMPILE = True
 
 # fp8 runs everything that is not a float8 Linear in bf16
 LOW_PRECISION = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
-AUTOCAST_DTYPES = LOW_PRECISION  # kept for callers of the older name
 
 FP8_MIN_CAPABILITY = (8, 9)  # Ada (L4, L40S), Hopper, Blackwell: hardware float8 matmuls
 

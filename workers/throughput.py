@@ -17,6 +17,7 @@ peak describes it (torchtitan does the same).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
@@ -128,20 +129,16 @@ class Meter:
         """Call right before the first step (after resuming, building loaders, ...)."""
         self._start = time.perf_counter()
 
+    @contextlib.contextmanager
     def pause(self):
-        """Context manager: time spent inside (evaluation, checkpointing) is not training time."""
-        meter = self
-
-        class _Pause:
-            def __enter__(self):
-                synchronize(meter.device)
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc):
-                if meter._steady_from is not None:
-                    meter._paused_s += time.perf_counter() - self.t
-
-        return _Pause()
+        """Time spent inside (evaluation, checkpointing) is not training time."""
+        synchronize(self.device)  # queued training work is training time
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._steady_from is not None:
+                self._paused_s += time.perf_counter() - start
 
     def steady_seconds(self) -> float:
         if self._steady_from is None:

@@ -178,6 +178,9 @@ class Trainer:
         pending.wait()
         self.last_checkpoint = self.ctx.save_checkpoint(pending.step, pending.publish, pending.metrics)
         shutil.rmtree(pending.staging, ignore_errors=True)
+        for empty in (pending.staging.parent, pending.staging.parent.parent):  # <run>, .staging
+            with contextlib.suppress(OSError):
+                empty.rmdir()
 
     def resume(self) -> None:
         directory = self.ctx.resume_from()

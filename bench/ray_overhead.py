@@ -1,0 +1,127 @@
+"""What running on Ray costs: the same N-worker job through torchrun and through `orchestrator run`.
+
+    python bench/ray_overhead.py                        # jobs/convnet.yaml, 2 workers, local Ray
+    python bench/ray_overhead.py --address HOST:6379    # against a running cluster instead
+    python bench/ray_overhead.py --steps 500 --repeats 5 --set data.batch_size=256
+
+Both sides log every step (`metrics.log_every=1`): each record carries the worker's wall
+clock, so consecutive records give per-step times, and the Ray side pays its per-step cost
+(a fire-and-forget actor call per record) on every step. Reported per side, as the median
+over runs: the median steady-state step time (first `--warmup` steps dropped) and the time
+from starting the command to the end of the first training step. Runs alternate between the
+two sides so that load drifting on a shared machine hits both alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "ray_overhead.json"
+
+
+def step_times(metrics_file: Path) -> tuple[list[float], float]:
+    """(per-step time between consecutive records, in order; wall time of the first record)."""
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    train = sorted((r["step"], r["time"]) for r in records if "loss" in r)
+    return [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(train, train[1:])], train[0][1]
+
+
+def one_run(side: str, args, overrides: list[str]) -> dict:
+    storage = Path(tempfile.mkdtemp(prefix="bench-ray-"))
+    sets = [f"checkpoint.storage={storage}", f"train.steps={args.steps}",
+            f"metrics.log_every={args.log_every}", "checkpoint.every_steps=null",
+            "train.eval_every=null", *overrides]
+    sets_args = [a for s in sets for a in ("--set", s)]
+    if side == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc_per_node={args.workers}", "-m", "workers.run", args.spec, *sets_args]
+    else:
+        command = [sys.executable, "-m", "orchestrator", "run", args.spec, *sets_args,
+                   "--set", f"resources.num_workers={args.workers}"]
+        if args.address:
+            command += ["--address", args.address]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.time()
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    wall = time.time() - started
+    if result.returncode != 0:
+        sys.exit(f"{side} run failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    durations, first_step_end = step_times(next(storage.glob("*/metrics.jsonl")))
+    shutil.rmtree(storage, ignore_errors=True)
+    steady = durations[args.warmup:]
+    return {"median_step_s": statistics.median(steady), "mean_step_s": statistics.fmean(steady),
+            "first_step_s": first_step_end - started, "wall_s": wall}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", default="jobs/convnet.yaml")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20, help="records left out of the median")
+    parser.add_argument("--log-every", type=int, default=1,
+                        help="metrics.log_every on both sides (1: time every step)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--address", help="Ray cluster to run on (default: a local one per run)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", default=str(RESULTS), help="JSON results file ('' to skip)")
+    args = parser.parse_args()
+
+    runs: dict[str, list[dict]] = {"torchrun": [], "ray": []}
+    for i in range(args.repeats):
+        for side in ("torchrun", "ray"):
+            run = one_run(side, args, args.overrides)
+            runs[side].append(run)
+            print(f"run {i + 1}/{args.repeats} {side:8s}  step {run['median_step_s'] * 1e3:7.2f} ms"
+                  f"  first step after {run['first_step_s']:5.1f} s  wall {run['wall_s']:5.1f} s",
+                  flush=True)
+
+    summary = {side: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+               for side, rs in runs.items()}
+    torch_step, ray_step = summary["torchrun"]["median_step_s"], summary["ray"]["median_step_s"]
+    ratio = ray_step / torch_step
+    print(f"\nsteady-state step time (median of {args.repeats} runs' medians, {args.workers} workers,"
+          f" {args.spec}, log every step):")
+    print(f"  torchrun {torch_step * 1e3:.2f} ms   orchestrator run on Ray {ray_step * 1e3:.2f} ms"
+          f"   ratio {ratio:.3f} (target <= 1.05)   overhead {(ray_step - torch_step) * 1e3:+.2f} ms/step")
+    print(f"time from command start to the end of the first step:"
+          f"  torchrun {summary['torchrun']['first_step_s']:.1f} s"
+          f"   orchestrator run {summary['ray']['first_step_s']:.1f} s"
+          f" ({'cluster at ' + args.address if args.address else 'starting a local Ray'})")
+
+    if args.out:
+        import ray
+        import torch
+
+        record = {
+            "what": "steady-state step time, orchestrator run on Ray vs torchrun",
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "spec": args.spec, "workers": args.workers, "steps": args.steps, "warmup": args.warmup,
+            "overrides": args.overrides, "address": args.address,
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                        "load_avg_after": os.getloadavg()},
+            "versions": {"torch": torch.__version__, "ray": ray.__version__,
+                         "python": platform.python_version()},
+            "ratio": ratio, "summary": summary, "runs": runs,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
