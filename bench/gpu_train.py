@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# the repository first: this script's own directory holds bench/kernels.py, which would
+# otherwise shadow the `kernels` package
+sys.path.insert(0, str(REPO))
 
 NO_GPU_MESSAGE = "no CUDA device: GPU training benchmarks need a GPU"
 MODES = {"eager": ("bf16", False), "compile": ("bf16", True), "compile+fp8": ("fp8", True)}

@@ -21,8 +21,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# this file is named like the package it measures: drop bench/ from the path so that
+# `import kernels` finds the package, not this script
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
 
 NO_GPU_MESSAGE = "no CUDA device; kernel benchmarks need a GPU"
 OPS = ("layer_norm", "attention", "cross_entropy", "fused_linear_cross_entropy", "bias_gelu")

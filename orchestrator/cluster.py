@@ -67,8 +67,17 @@ def is_auth_error(err: BaseException) -> bool:
     return False
 
 
-def auth_message(where: str, err: BaseException) -> str:
-    if "invalid" in str(err).lower() or "Forbidden" in str(err):
+def _have_token() -> bool:
+    from ray._raylet import AuthenticationTokenLoader
+
+    try:
+        return AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
+    except Exception:  # a token path that cannot be read counts as no token
+        return False
+
+
+def auth_message(where: str) -> str:
+    if _have_token():
         return f"the Ray cluster at {where} rejected this machine's auth token; {TOKEN_HELP}"
     return f"the Ray cluster at {where} requires an auth token and none was found; {TOKEN_HELP}"
 
@@ -106,7 +115,7 @@ def connect(address: Optional[str], num_cpus: int = 1) -> Iterator[str]:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError
                 if is_auth_error(err):
-                    raise ClusterError(auth_message(address, err)) from None
+                    raise ClusterError(auth_message(address)) from None
                 raise ClusterError(f"cannot connect to the Ray cluster at '{address}':"
                                    f" {_first_line(err)}") from None
             where = f"Ray cluster at {address}"
@@ -149,7 +158,7 @@ def jobs_client(address: Optional[str]):
 def translate(err: BaseException, where: str) -> ClusterError:
     """Any Jobs API failure -> one line that says what to do."""
     if is_auth_error(err):
-        return ClusterError(auth_message(where, err))
+        return ClusterError(auth_message(where))
     text = _first_line(err)
     if "Failed to connect" in text or "Connection refused" in text or "ConnectionError" in type(err).__name__:
         return ClusterError(f"cannot reach the Ray Jobs API at {where}: is the cluster up, and is"

@@ -159,7 +159,7 @@ def _summary(spec: JobSpec, run: str, outcome: dict, failure: list, monitor: "Mo
     if error and not error["retry"]:
         reason = f"rank {error['rank']}: {error['reason']}"
     elif failure:  # Ray gave up: out of restarts, or a failure outside the training function
-        reason = _failure_reason(failure[0], error)
+        reason = _failure_reason(failure[0], error, spec.fault_tolerance.max_failures)
     elif summary is None:
         reason = "the workers stopped without a result"
     if reason is not None and (summary is None or summary["status"] != "failed"):
@@ -171,12 +171,24 @@ def _summary(spec: JobSpec, run: str, outcome: dict, failure: list, monitor: "Mo
     return summary
 
 
-def _failure_reason(err: BaseException, error: Optional[dict]) -> str:
-    text = str(err).strip().splitlines()
-    head = text[0] if text else type(err).__name__
-    if error:
-        head += f" (last worker error, rank {error['rank']}: {error['reason']})"
-    return head
+def _failure_reason(err: BaseException, error: Optional[dict], max_failures: int) -> str:
+    """One line for a run Ray gave up on: which worker died or failed, and how."""
+    import ray.exceptions
+
+    failures = getattr(err, "worker_failures", None) or {}  # WorkerGroupError: rank -> error
+    # a dead worker shows up as a failed health check wrapping the actor's death
+    died = [rank for rank, e in sorted(failures.items()) if isinstance(
+        getattr(e, "health_check_failure", e), ray.exceptions.RayActorError)]
+    if died:
+        head = f"worker rank {died[0]} died (killed, out of memory or its node lost)"
+    elif error:  # the failure the workers reported themselves
+        head = f"rank {error['rank']}: {error['reason']}"
+    else:
+        lines = [line for line in str(err).splitlines() if line.strip()]
+        head = " ".join(lines[:2]) if lines else type(err).__name__
+    if not failures:
+        return head
+    return head + f"; no restarts left (fault_tolerance.max_failures: {max_failures})"
 
 
 class Monitor:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -27,8 +26,6 @@ from orchestrator.spec import JobSpec
 from workers import storage
 from workers.checkpoint import CheckpointError
 from workers.context import CHECKPOINT_PATTERN, RunContext
-
-log = logging.getLogger("orchestrator.ray")
 
 SEND_EVERY_S = 0.5  # how often rank 0 hands its metrics records to the driver's sink
 
@@ -56,7 +53,7 @@ class RayContext(RunContext):
             self.device = torch.device("cpu")
         group = ray.get_runtime_context().get_placement_group_id() or "no-placement-group"
         self.attempt = ray.get(self.sink.join.remote(group, self.rank, self.world_size,
-                                                     os.getpid(), socket.gethostname()))
+                                                     os.getpid(), ray.util.get_node_ip_address()))
         self.restarts = self.attempt
 
     # -- checkpoints ----------------------------------------------------------------------

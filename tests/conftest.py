@@ -98,7 +98,7 @@ def stop_ray_head(head: RayHead) -> None:
     if head.process.poll() is None:
         head.process.send_signal(signal.SIGTERM)
         try:
-            head.process.wait(15)
+            head.process.wait(5)
         except subprocess.TimeoutExpired:  # the group we started, by its id
             os.killpg(head.process.pid, signal.SIGKILL)
             head.process.wait(10)

@@ -80,7 +80,7 @@ def _read_until(process, pattern: str, lines: list, deadline: float) -> str:
 
 @pytest.mark.timeout(420)
 def test_killed_worker_restarts_from_last_checkpoint(ray_head, tmp_path):
-    steps = 400  # long enough to still be training after the kill, even on a fast machine
+    steps = 300  # long enough to still be training after the kill, even on a fast machine
     args = [sys.executable, "-m", "orchestrator", "run", SPEC, "--address", ray_head.address,
             "--summary", str(tmp_path / "summary.json")]
     for override in [f"checkpoint.storage={tmp_path}", f"train.steps={steps}",
@@ -162,3 +162,17 @@ def test_a_dashboard_address_is_explained(ray_head, tmp_path):
     assert result.returncode == 1
     assert "is a dashboard (Jobs API) address" in result.stderr
     assert "orchestrator submit" in result.stderr
+
+
+@pytest.mark.timeout(120)
+def test_joining_a_token_cluster_without_the_token_says_what_to_do(ray_head, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT))  # no ~/.ray/auth_token either
+    result = subprocess.run([sys.executable, "-m", "orchestrator", "run", SPEC, "--address",
+                             ray_head.address, "--set", f"checkpoint.storage={tmp_path}"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: convnet-digits: the Ray cluster at {ray_head.address} requires"
+                           " an auth token and none was found")
+    assert "ray get-auth-token" in last and "Traceback" not in result.stderr
