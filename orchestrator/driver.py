@@ -27,7 +27,7 @@ from workers import storage
 from workers.context import run_name
 from workers.run import print_summary, write_summary
 
-POLL_S = 0.5
+POLL_S = 1.0  # progress lines once a second; each poll is an actor call
 REMOTE_METRICS_EVERY_S = 10.0  # rewriting an object per poll would be wasteful
 
 

@@ -31,6 +31,10 @@ SEND_EVERY_S = 0.5  # how often rank 0 hands its metrics records to the driver's
 
 
 class RayContext(RunContext):
+    # the driver prints progress from the sink; a print per record here would only cost time
+    # (Ray captures worker output into its log files)
+    shows_progress = False
+
     def __init__(self, spec: JobSpec, run: str, sink):
         self.spec, self.name, self.sink = spec, run, sink
         self.run_uri = storage.join(spec.checkpoint.storage, run)

@@ -43,6 +43,7 @@ class RunContext:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     restarts: int = 0
+    shows_progress: bool = True  # False where someone else prints it (the Ray driver)
 
     @property
     def is_main(self) -> bool:

@@ -228,7 +228,8 @@ class Trainer:
         spec, ctx, state = self.spec, self.ctx, self.state
         self.resume()
         state = self.state
-        progress = ProgressReporter(spec.name, self.total_steps, state.step, enabled=ctx.is_main)
+        progress = ProgressReporter(spec.name, self.total_steps, state.step,
+                                    enabled=ctx.is_main and ctx.shows_progress)
         if state.step and ctx.is_main:
             progress.message(f"resuming at step {state.step}")
         status, reason = "succeeded", None

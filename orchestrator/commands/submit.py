@@ -31,6 +31,9 @@ def register(sub) -> None:
                         help="submission id (default: <job name>-<time>-<random>)")
     parser.add_argument("--working-dir", metavar="DIR",
                         help="directory shipped to the cluster (default: the project root)")
+    parser.add_argument("--no-validate", action="store_true",
+                        help="skip checking the spec here (e.g. its data exists only on the cluster);"
+                             " the job still checks it before training")
     parser.set_defaults(handler=handle)
 
 
@@ -56,25 +59,32 @@ def entrypoint(spec_path: str, overrides: list[str], working_dir: Path) -> str:
 def handle(args) -> int:
     from orchestrator.cluster import jobs_client, translate
     from orchestrator.commands.run import load_runnable
+    from orchestrator.spec import apply_overrides, read_yaml
 
-    spec = load_runnable(args.spec, args.overrides)  # bad specs fail here, not on the cluster
+    if args.no_validate:
+        raw = apply_overrides(read_yaml(args.spec), args.overrides)
+        name = str(raw.get("name") or Path(args.spec).stem)
+        section = raw.get("checkpoint")
+        storage = str(section.get("storage", "./runs") if isinstance(section, dict) else "./runs")
+    else:
+        spec = load_runnable(args.spec, args.overrides)  # bad specs fail here, not on the cluster
+        name, storage = spec.name, spec.checkpoint.storage
     working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
     if not working_dir.is_dir():
         raise UsageError(f"--working-dir {working_dir}: not a directory")
     command = entrypoint(args.spec, args.overrides, working_dir)
-    if "://" not in spec.checkpoint.storage and not os.path.isabs(spec.checkpoint.storage):
-        print(f"warning: checkpoint.storage '{spec.checkpoint.storage}' is relative: on the cluster"
-              " it lands in the job's temporary working directory; use shared storage (an"
-              " absolute NFS path or an s3://, gs://, hdfs:// URI) to keep checkpoints",
-              file=sys.stderr)
+    if "://" not in storage and not os.path.isabs(storage):
+        print(f"warning: checkpoint.storage '{storage}' is relative: on the cluster it lands in"
+              " the job's temporary working directory; use shared storage (an absolute NFS path"
+              " or an s3://, gs://, hdfs:// URI) to keep checkpoints", file=sys.stderr)
     submission_id = args.submission_id or \
-        f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     client = jobs_client(args.address)
     try:
         job_id = client.submit_job(
             entrypoint=command, submission_id=submission_id,
             runtime_env={"working_dir": str(working_dir)},
-            metadata={"orchestrator_job": spec.name, "spec": args.spec})
+            metadata={"orchestrator_job": name, "spec": args.spec})
     except Exception as err:
         raise translate(err, args.address or "the Ray cluster") from None
     print(job_id, flush=True)
