@@ -74,8 +74,8 @@ def test_compile_per_block_matches_eager(tmp_path, bf16, model, monkeypatch):
     assert all(block._compiled_call_impl is not None for block in trainer.model.blocks)
     assert max_rel(compiled, bf16[model]) <= COMPILE_TOL
     # compilation happens in the first step: reported apart, and kept out of the step time
-    # (dynamo tracing and AOT autograd alone take seconds; an eager step of this model, ms)
-    assert summary["compile_s"] > 0.5
+    # (tracing costs far more than a steady step of this tiny model, whatever the machine)
+    assert summary["compile_s"] > 5 * summary["throughput"]["step_time_s"]
     assert summary["throughput"]["first_step_s"] >= summary["compile_s"]
 
 
