@@ -115,8 +115,10 @@ def main() -> int:
             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "spec": args.spec, "workers": args.workers, "steps": args.steps, "warmup": args.warmup,
             "overrides": args.overrides, "address": args.address,
+            "commit": _git_commit(),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                        "load_avg_after": os.getloadavg()},
+                        "device": torch.cuda.get_device_name() if torch.cuda.is_available()
+                        else "cpu (no GPU)", "load_avg_after": os.getloadavg()},
             "versions": {"torch": torch.__version__, "ray": ray.__version__,
                          "python": platform.python_version()},
             "ratio": ratio, "pair_ratios": pairs, "summary": summary, "runs": runs,
@@ -125,6 +127,17 @@ def main() -> int:
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
         print(f"written to {args.out}")
     return 0
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parents[1], check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
+                               cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        return out + ("+uncommitted changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 if __name__ == "__main__":
