@@ -65,7 +65,8 @@ class TrainSpec(Section):
     @model_validator(mode="after")
     def _one_length(self):
         if (self.steps is None) == (self.epochs is None):
-            raise ValueError("set exactly one of train.steps or train.epochs")
+            raise ValueError("set exactly one of train.steps or train.epochs"
+                             " (null unsets one, e.g. --set train.epochs=null)")
         return self
 
 
@@ -325,7 +326,9 @@ def _format_errors(err: ValidationError, raw: dict) -> list[str]:
             msg = "must be lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
         elif kind == "value_error":
             msg = msg.removeprefix("Value error, ")
-        lines.append(f"{path}: {msg} (got {got!r})" if got is not _MISSING else f"{path}: {msg}")
+        # a whole section as "got" would bury the message: only show plain values
+        plain = got is not _MISSING and not isinstance(got, (dict, list))
+        lines.append(f"{path}: {msg} (got {got!r})" if plain else f"{path}: {msg}")
     # pydantic reports each failed branch of Optional/Union separately; keep one per path
     return list(dict.fromkeys(lines))
 
