@@ -2,15 +2,22 @@
 """Training throughput and MFU of the orchestrator's own training step on one GPU.
 
 ViT-B/16 (224px, 1000 classes) in images/s and GPT-2 small (seq 1024, vocab 50257) in
-tokens/s, each in three modes: eager bf16, torch.compile (per block) bf16, and
-compile + float8 (the block Linears that torchao's filter keeps). The model, the
-`parallelize` step (float8, compile), the optimizer and the autocast are the ones a job
-gets; only the data is synthetic, already on the GPU, so the numbers are the model's.
+tokens/s, each in four modes: eager bf16, torch.compile (per block, and the loss) bf16,
+compile + float8 (the block Linears that torchao's filter keeps), and compile + every
+Triton kernel (kernels: triton). What is timed is `Trainer.step`, the step a job runs:
+the model after `parallelize`, the loss, the optimizer, clipping and the schedule. Only the
+data is synthetic and already on the GPU, so the numbers are the step's; `--loader` also
+times the data loader alone, to show whether it could keep up.
 
-Per configuration: the first step (compilation) is timed alone as `compile_s`, then
-warm-up steps, then the median of the timed steady-state steps. FLOPs per step come from
+Per configuration: the first step (compilation, autotuning) is timed alone and reported
+as `compile_s`; then warm-up steps; then `--steps` steps with a CUDA event at each step's
+start and no host sync in between, so the step time is the GPU's period between steps
+(host overhead that the GPU waits for is in it; overhead hidden behind GPU work is not).
+The median of those periods is the step time. FLOPs per step come from
 workers/throughput.py (FlopCounterMode, counted once on the meta device); MFU is against
 the device's dense bf16 peak from the same module, and not reported for fp8.
+`--legacy-loop` also times each mode with the loop as it was before the GPU measurements
+(for-each AdamW, an fp32 copy of the logits, an uncompiled loss): before and after, same run.
 Results go to bench/results/gpu_train-<gpu>-<date>.{json,md} with provenance.
 
     python bench/gpu_train.py                      # or: torchrun --nproc_per_node=1 bench/gpu_train.py
@@ -38,7 +45,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 NO_GPU_MESSAGE = "no CUDA device: GPU training benchmarks need a GPU"
-MODES = {"eager": ("bf16", False), "compile": ("bf16", True), "compile+fp8": ("fp8", True)}
+ALL_TRITON = {"attention": "triton", "layer_norm": "triton", "cross_entropy": "triton",
+              "bias_gelu": "triton"}
+# mode -> (precision.dtype, precision.compile, kernels section)
+MODES = {"eager": ("bf16", False, {}), "compile": ("bf16", True, {}),
+         "compile+fp8": ("fp8", True, {}), "compile+triton": ("bf16", True, ALL_TRITON)}
+# the issue's targets on one H100, per model: (unit, figure)
+TARGETS = {"vit_b16": ("samples_per_s", 4000), "gpt2_small": ("tokens_per_s", 500_000)}
 
 # model -> (spec model section, data section, batch size); the shapes the issue names
 WORKLOADS = {
@@ -68,17 +81,22 @@ def git_commit() -> str:
         return "unknown"
 
 
-def make_spec(model: dict, data: dict, batch: int, dtype: str, compile_: bool):
+def make_spec(model: dict, data: dict, batch: int, mode: str, storage: str, loader_workers: int = 0):
     from orchestrator.spec import validate
 
+    dtype, compile_, kernels = MODES[mode]
     return validate({
-        "name": "bench", "model": model, "data": {**data, "batch_size": batch, "eval_split": 0.0},
+        "name": "bench", "model": model,
+        "data": {**data, "batch_size": batch, "eval_split": 0.0, "num_samples": 64 * batch,
+                 "loader_workers": loader_workers},
         "train": {"steps": 1, "clip_grad_norm": 1.0},
         "optimizer": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.1},
-        "parallel": {"strategy": "none"}, "precision": {"dtype": dtype, "compile": compile_}})
+        "scheduler": {"name": "constant"}, "parallel": {"strategy": "none"},
+        "precision": {"dtype": dtype, "compile": compile_}, "kernels": kernels,
+        "checkpoint": {"storage": storage}})
 
 
-def synthetic_batch(spec, info, device, batch: int):
+def synthetic_batch(info, device, batch: int):
     import torch
 
     if info.kind == "tokens":
@@ -88,67 +106,156 @@ def synthetic_batch(spec, info, device, batch: int):
     return x, torch.randint(0, info.num_classes, (batch,), device=device)
 
 
-def bench_one(name: str, mode: str, workload, device, steps: int, warmup: int) -> dict:
+def use_legacy_loop(trainer) -> None:
+    """The loop before the GPU measurements: for-each AdamW, an fp32 copy of the logits and
+    an uncompiled built-in loss (kept here only to measure the change against)."""
     import torch
 
     import kernels
-    from workers import data, models, throughput
-    from workers.optim import build_optimizer
-    from workers.parallel import parallelize
-    from workers.precision import Precision
+
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in trainer.optimizer.param_groups]
+    o = trainer.spec.optimizer
+    trainer.optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True)
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda step: 1.0)
+    impl = trainer.spec.kernels.cross_entropy
+
+    def loss(logits, target, label_smoothing):
+        return kernels.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                                     label_smoothing=label_smoothing, impl=impl)
+
+    trainer.loss = loss
+
+
+def time_steps(step, device, steps: int) -> tuple[list[float], float]:
+    """(GPU period of each step in seconds, wall seconds for all of them): an event at each
+    step's start and one after the last; no host sync in between."""
+    import torch
+
+    from workers import throughput
+
+    if device.type != "cuda":  # CPU dry run: the host clock is the device clock
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        return times, sum(times)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    throughput.synchronize(device)
+    wall = time.perf_counter()
+    for i in range(steps):
+        events[i].record()
+        step()
+    events[steps].record()
+    throughput.synchronize(device)
+    wall = time.perf_counter() - wall
+    return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:])], wall
+
+
+def profile_steps(step, device, steps: int, path: Path) -> str:
+    """The GPU kernels of `steps` steps, by total time (torch.profiler), written to `path`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(device) if device.type == "cuda" else None
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=90)
+    path.write_text(table)
+    return table
+
+
+def bench_one(name: str, mode: str, workload, device, steps: int, warmup: int, legacy: bool,
+              profile_dir: Path | None = None, profile: int = 0) -> dict:
+    import torch
+
+    from workers import throughput
+    from workers.context import LocalContext
+    from workers.trainer import Trainer
 
     model_section, data_section, batch = workload
-    dtype, compile_ = MODES[mode]
-    spec = make_spec(model_section, data_section, batch, dtype, compile_)
-    info = data.describe(spec.data)
+    dtype, compile_, kernel_impls = MODES[mode]
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = parallelize(models.build(spec.model, info).to(device), spec)
-    optimizer = build_optimizer(model, spec.optimizer)
-    precision = Precision(spec.precision, device)
-    x, y = synthetic_batch(spec, info, device, batch)
+    with tempfile.TemporaryDirectory(prefix="gpu-train-") as storage:
+        spec = make_spec(model_section, data_section, batch, mode, storage)
+        trainer = Trainer(spec, LocalContext(spec))
+        if legacy:
+            use_legacy_loop(trainer)
+        info = trainer.info
+        x, y = synthetic_batch(info, device, batch)
+        losses = []
 
-    def step():
-        with precision.autocast():
-            logits = model(x)
-        loss = kernels.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.train.clip_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
+        def step():
+            losses.append(trainer.step([(x, y)]))
 
-    def timed() -> float:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         throughput.synchronize(device)
         start = time.perf_counter()
-        loss = step()
+        step()  # compiles every graph of the step, autotunes every Triton kernel
         throughput.synchronize(device)
-        if not torch.isfinite(loss):
+        first = time.perf_counter() - start
+        time_steps(step, device, warmup)
+        times, wall = time_steps(step, device, steps)
+        if profile and profile_dir is not None:
+            table = profile_steps(step, device, profile, profile_dir / f"profile-{name}-{mode}{'-legacy' if legacy else ''}.txt")
+            print("\n".join(table.splitlines()[:25]), flush=True)
+        if not all(torch.isfinite(torch.stack(losses)).tolist()):
             raise RuntimeError(f"{name} {mode}: loss is not finite")
-        return time.perf_counter() - start
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    first = timed()  # compiles every graph of the step
-    for _ in range(warmup):
-        timed()
-    times = [timed() for _ in range(steps)]
+        max_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        del trainer
     step_s = statistics.median(times)
     flops_per_step = throughput.train_flops_per_sample(spec.model, info) * batch
     achieved = flops_per_step / step_s
     mfu, mfu_note = throughput.mfu(achieved, throughput.device_name(device), dtype) \
         if device.type == "cuda" else (None, "no MFU on a CPU")
     tokens = info.seq_len if info.kind == "tokens" else 1
-    return {
-        "model": name, "preset": spec.model.preset, "mode": mode, "dtype": dtype,
-        "compile": compile_, "batch": batch, "input": list(x.shape),
-        "step_s_median": step_s, "step_s_min": min(times), "step_s_max": max(times),
-        "timed_steps": steps, "warmup_steps": warmup,
-        "compile_s": max(first - step_s, 0.0) if compile_ else None, "first_step_s": first,
-        "samples_per_s": batch / step_s, "tokens_per_s": batch * tokens / step_s if tokens > 1 else None,
+    result = {
+        "model": name, "preset": spec.model.preset, "mode": mode, "loop": "legacy" if legacy else "current",
+        "dtype": dtype, "compile": compile_, "kernels": kernel_impls or "auto", "batch": batch,
+        "input": list(x.shape), "step_s_median": step_s, "step_s_min": min(times),
+        "step_s_max": max(times), "step_s_wall_mean": wall / steps, "timed_steps": steps,
+        "warmup_steps": warmup, "compile_s": max(first - step_s, 0.0) if compile_ else None,
+        "first_step_s": first, "samples_per_s": batch / step_s,
+        "tokens_per_s": batch * tokens / step_s if tokens > 1 else None,
         "flops_per_step": flops_per_step, "tflops": achieved / 1e12, "mfu": mfu, "mfu_note": mfu_note,
-        "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "max_memory_gib": max_memory, "final_loss": float(losses[-1]),
+        "model_overrides": model_section.get("overrides", {}),
     }
+    unit, target = TARGETS[name]
+    result["target"] = {"metric": unit, "figure": target, "ratio": result[unit] / target} \
+        if result[unit] is not None else None
+    return result
+
+
+def loader_rate(name: str, workload, device, workers: int, batches: int) -> dict:
+    """Samples/s that the job's own loader (synthetic source, `workers` processes, pinned
+    memory) delivers to the GPU alone, for comparison with the step's samples/s."""
+    import torch
+
+    from workers.context import LocalContext
+    from workers.trainer import Trainer
+
+    model_section, data_section, batch = workload
+    with tempfile.TemporaryDirectory(prefix="gpu-train-") as storage:
+        spec = make_spec(model_section, data_section, batch, "eager", storage, loader_workers=workers)
+        trainer = Trainer(spec, LocalContext(spec))
+        it = trainer.batches.iterate(0)
+        next(it)  # worker start-up
+        start = time.perf_counter()
+        for _ in range(batches):
+            for x, y in next(it):
+                x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - start
+        del it, trainer
+    return {"model": name, "loader_workers": workers, "batch": batch, "batches": batches,
+            "samples_per_s": batches * batch / seconds}
 
 
 def provenance(device, dry_run: bool) -> dict:
@@ -171,19 +278,37 @@ def markdown(report: dict) -> str:
     lines = [f"# Training throughput on {p['device']}" + (" (dry run on tiny shapes)" if p["dry_run"] else ""),
              "", f"- torch {p['torch']}, triton {p['triton']}, CUDA {p['cuda']}, commit `{p['commit']}`",
              f"- {p['date']}; command: `{p['command']}`",
-             f"- median of the timed steady-state steps; compile time apart; FLOPs: FlopCounterMode "
-             f"(2 per MAC, forward + backward); MFU against the dense bf16 peak, none for fp8", "",
-             "| model | mode | batch | step ms | samples/s | tokens/s | TFLOP/s | MFU | compile s | memory GiB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "- step time: median GPU period between consecutive steps of `Trainer.step` (no host "
+             "sync in between); compile time apart; FLOPs: FlopCounterMode (2 per MAC, forward + "
+             "backward); MFU against the dense bf16 peak, none for fp8",
+             "- target: ViT-B/16 4,000 images/s, GPT-2 small 500k tokens/s (one H100); `x target` is "
+             "the measured rate over it; `x eager` is over the eager mode of the same loop, this run", "",
+             "| model | mode | loop | batch | step ms | samples/s | tokens/s | TFLOP/s | MFU | x target "
+             "| x eager | compile s | memory GiB |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    eager = {(r["model"], r.get("loop")): r for r in report["results"]
+             if r.get("mode") == "eager" and "error" not in r}
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['mode']} | | {r['error']} | | | | | | |")
+            lines.append(f"| {r['model']} | {r['mode']} | {r.get('loop', '')} | | {r['error']} "
+                         "| | | | | | | | |")
             continue
         fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
-        lines.append(f"| {r['preset']} | {r['mode']} | {r['batch']} | {r['step_s_median'] * 1e3:.1f} | "
-                     f"{r['samples_per_s']:,.0f} | {fmt(r['tokens_per_s'], ',.0f')} | {r['tflops']:.3g} | "
+        base = eager.get((r["model"], "current"))
+        vs_eager = r["samples_per_s"] / base["samples_per_s"] if base else None
+        target = r["target"]["ratio"] if r.get("target") else None
+        preset = r["preset"] + "".join(f", {k}={v}" for k, v in r.get("model_overrides", {}).items())
+        lines.append(f"| {preset} | {r['mode']} | {r['loop']} | {r['batch']} | "
+                     f"{r['step_s_median'] * 1e3:.1f} | {r['samples_per_s']:,.0f} | "
+                     f"{fmt(r['tokens_per_s'], ',.0f')} | {r['tflops']:.3g} | "
                      f"{fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} | "
+                     f"{fmt(target, '.2f')} | {fmt(vs_eager, '.2f')} | "
                      f"{fmt(r['compile_s'], '.1f')} | {fmt(r['max_memory_gib'], '.1f')} |")
+    if report.get("loader"):
+        lines += ["", "Data loader alone (synthetic source, pinned memory, copy to the GPU):", "",
+                  "| model | loader workers | batch | samples/s |", "|---|---:|---:|---:|"]
+        lines += [f"| {r['model']} | {r['loader_workers']} | {r['batch']} | {r['samples_per_s']:,.0f} |"
+                  for r in report["loader"]]
     return "\n".join(lines) + "\n"
 
 
@@ -191,8 +316,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--batch", nargs="+", default=[], metavar="MODEL=N",
+                        help="batch size per model, e.g. gpt2_small=32")
     parser.add_argument("--steps", type=int, default=30, help="timed steady-state steps")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps after the first")
+    parser.add_argument("--legacy-loop", action="store_true",
+                        help="also time every mode with the loop as it was before (see the docstring)")
+    parser.add_argument("--loader", type=int, default=0, metavar="WORKERS",
+                        help="also time the data loader alone with this many worker processes")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="also profile this many steps per configuration (profile-*.txt beside the results)")
+    parser.add_argument("--override", nargs="+", default=[], metavar="MODEL.KEY=VALUE",
+                        help="model config override, e.g. gpt2_small.vocab_multiple=64")
     parser.add_argument("--out", help="results directory (default bench/results; a temp dir for --dry-run)")
     parser.add_argument("--dry-run", action="store_true",
                         help="smoke test on tiny shapes, on the CPU when there is no GPU")
@@ -209,6 +344,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         if not torch.cuda.is_available():  # inductor's C++ build takes minutes on a small CPU
             os.environ.setdefault("ORCHESTRATOR_COMPILE_BACKEND", "aot_eager")
+            os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton kernels on a CPU
         args.steps, args.warmup = min(args.steps, 3), min(args.warmup, 1)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() \
         else torch.device("cpu")
@@ -217,26 +353,50 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
-    workloads = TINY if args.dry_run else WORKLOADS
-    report = {"provenance": provenance(device, args.dry_run), "results": []}
-    for name in args.models:
-        for mode in args.modes:
-            try:
-                result = bench_one(name, mode, workloads[name], device, args.steps, args.warmup)
-            except torch.cuda.OutOfMemoryError:
-                result = {"model": name, "mode": mode, "error": "out of memory"}
-            report["results"].append(result)
-            print(json.dumps(result), flush=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-
+    workloads = {name: tuple(w) for name, w in (TINY if args.dry_run else WORKLOADS).items()}
+    for item in args.batch:
+        name, _, size = item.partition("=")
+        if name not in workloads or not size.isdigit():
+            parser.error(f"--batch {item}: expected MODEL=N with MODEL one of {', '.join(workloads)}")
+        workloads[name] = (*workloads[name][:2], int(size))
+    for item in args.override:
+        target, _, value = item.partition("=")
+        name, _, key = target.partition(".")
+        if name not in workloads or not key or not value:
+            parser.error(f"--override {item}: expected MODEL.KEY=VALUE with MODEL one of {', '.join(workloads)}")
+        model = {**workloads[name][0]}
+        model["overrides"] = {**model.get("overrides", {}), key: json.loads(value)}
+        workloads[name] = (model, *workloads[name][1:])
+    report = {"provenance": provenance(device, args.dry_run), "results": [], "loader": []}
     out = Path(args.out) if args.out else (
         Path(tempfile.mkdtemp(prefix="gpu-train-dry-run-")) if args.dry_run else REPO / "bench/results")
     out.mkdir(parents=True, exist_ok=True)
     gpu = "".join(c if c.isalnum() else "-" for c in report["provenance"]["device"]).strip("-").lower()
     stem = out / f"gpu_train-{gpu}-{dt.date.today().isoformat()}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(markdown(report))
+
+    def save():  # after every configuration, so a run cut short keeps what it measured
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        stem.with_suffix(".md").write_text(markdown(report))
+
+    loops = (False, True) if args.legacy_loop else (False,)
+    for name in args.models:
+        for mode in args.modes:
+            for legacy in loops:
+                try:
+                    result = bench_one(name, mode, workloads[name], device, args.steps, args.warmup, legacy,
+                                       out, args.profile)
+                except torch.cuda.OutOfMemoryError:
+                    result = {"model": name, "mode": mode, "loop": "legacy" if legacy else "current",
+                              "error": "out of memory"}
+                report["results"].append(result)
+                print(json.dumps(result), flush=True)
+                save()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        if args.loader:
+            report["loader"].append(loader_rate(name, workloads[name], device, args.loader, 10))
+            print(json.dumps(report["loader"][-1]), flush=True)
+            save()
     print(markdown(report))
     print(f"wrote {stem}.json and {stem}.md")
     return 0

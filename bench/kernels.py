@@ -42,6 +42,7 @@ CASES = {
     "attention": [
         ("vit-b b64", dict(batch=64, heads=12, seq=197, head_dim=64, causal=False)),
         ("gpt2-s b8", dict(batch=8, heads=12, seq=1024, head_dim=64, causal=True)),
+        ("b8 full", dict(batch=8, heads=12, seq=1024, head_dim=64, causal=False)),
         ("dim2048", dict(batch=4, heads=16, seq=2048, head_dim=128, causal=True)),
         ("dim4096", dict(batch=2, heads=32, seq=2048, head_dim=128, causal=True)),
     ],
@@ -75,6 +76,10 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--write-table", nargs="+", type=Path, metavar="RESULTS_JSON",
+                   help="no benchmark: write kernels/dispatch_table.json from these results files")
+    p.add_argument("--table", type=Path, default=REPO / "kernels" / "dispatch_table.json",
+                   help="where --write-table writes")
     args = p.parse_args(argv)
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = sorted(set(args.ops) - set(OPS))
@@ -103,11 +108,12 @@ def git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "uncommitted"
 
 
-def speedups(row: dict) -> dict:
+def speedups(row: dict, timing: str = "ms") -> dict:
     """baseline time / triton time for each baseline (>1: Triton is faster)."""
-    t = row["ms"].get("triton")
-    return {k: round(v / t, 3) for k, v in row["ms"].items()
-            if k != "triton" and v is not None and t}
+    times = row.get(timing) or {}
+    t = times.get("triton")
+    return {k: round(v / t, 3) for k, v in times.items()
+            if not k.startswith("triton") and v is not None and t}
 
 
 def render_markdown(meta: dict, rows: list) -> str:
@@ -121,19 +127,34 @@ def render_markdown(meta: dict, rows: list) -> str:
               "baseline / triton (> 1 means the Triton kernel is faster); memory is the "
               "peak-allocation delta of one step in MiB.", ""]
     head = ["op", "case", "mode"] + [f"{v} ms" for v in variants]
-    head += [f"x {v}" for v in variants if v != "triton"] + ["triton MiB", "eager MiB", "max err"]
+    head += [f"x {v}" for v in variants if not v.startswith("triton")]
+    head += [f"{v} MiB" for v in variants if v.startswith("triton") or v == "eager"] + ["max err"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         sp = speedups(r)
         cells = [r["op"], r["case"], r["mode"]]
         cells += [_fmt(r["ms"].get(v)) for v in variants]
-        cells += [_fmt(sp.get(v)) for v in variants if v != "triton"]
-        cells += [_fmt(r["peak_mib"].get("triton")), _fmt(r["peak_mib"].get("eager")),
-                  _fmt(r.get("max_abs_err"), ".2e")]
+        cells += [_fmt(sp.get(v)) for v in variants if not v.startswith("triton")]
+        cells += [_fmt(r["peak_mib"].get(v)) for v in variants if v.startswith("triton") or v == "eager"]
+        cells += [_fmt(r.get("max_abs_err"), ".2e")]
         lines.append("| " + " | ".join(cells) + " |")
     wins = [f"{r['op']} / {r['case']}" for r in rows
             if r["mode"] == "fwd+bwd" and speedups(r) and min(speedups(r).values()) > 1.0]
     lines += ["", "Triton beats every baseline (fwd+bwd) at: " + (", ".join(wins) or "none"), ""]
+    if any(r.get("graph_ms") for r in rows):
+        lines += ["## GPU time alone (CUDA graph replay, no host overhead)", "",
+                  "The same calls captured in a CUDA graph and replayed: the kernels' own time, "
+                  "which is what a GPU-bound training step pays.", ""]
+        head = ["op", "case", "mode"] + [f"{v} ms" for v in variants]
+        head += [f"x {v}" for v in variants if not v.startswith("triton")]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in rows:
+            sp = speedups(r, "graph_ms")
+            cells = [r["op"], r["case"], r["mode"]] + [_fmt((r.get("graph_ms") or {}).get(v))
+                                                       for v in variants]
+            cells += [_fmt(sp.get(v)) for v in variants if not v.startswith("triton")]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -143,8 +164,12 @@ def _fmt(v, spec=".3f"):
 
 # --- GPU part ----------------------------------------------------------------
 
+# variants that overwrite their inputs get inputs of their own
+MUTATES_INPUTS = {"triton-inplace"}
+
+
 def _make_case(op: str, p: dict, dtype, device):
-    """Returns (inputs, {variant: fn}) with fresh random inputs."""
+    """Returns (make_inputs, {variant: fn}); make_inputs() draws fresh random inputs."""
     import torch
     import torch.nn.functional as F
 
@@ -153,29 +178,33 @@ def _make_case(op: str, p: dict, dtype, device):
     def rnd(*shape, scale=1.0, grad=True):
         return (torch.randn(*shape, device=device, dtype=dtype) * scale).requires_grad_(grad)
 
+    impls = ("triton", "torch")
     if op == "layer_norm":
-        inputs = (rnd(p["rows"], p["dim"]), rnd(p["dim"]), rnd(p["dim"]))
-        fns = {impl: (lambda x, w, b, impl=impl: kernels.layer_norm(x, w, b, impl=impl))
-               for impl in ("triton", "torch")}
+        make = lambda: (rnd(p["rows"], p["dim"]), rnd(p["dim"]), rnd(p["dim"]))  # noqa: E731
+        fns = {impl: (lambda x, w, b, impl=impl: kernels.layer_norm(x, w, b, impl=impl)) for impl in impls}
     elif op == "attention":
         shape = (p["batch"], p["heads"], p["seq"], p["head_dim"])
-        inputs = (rnd(*shape), rnd(*shape), rnd(*shape))
+        make = lambda: (rnd(*shape), rnd(*shape), rnd(*shape))  # noqa: E731
         fns = {impl: (lambda q, k, v, impl=impl: kernels.attention(q, k, v, p["causal"], impl=impl))
-               for impl in ("triton", "torch")}
+               for impl in impls}
     elif op == "cross_entropy":
         target = torch.randint(0, p["vocab"], (p["rows"],), device=device)
-        inputs = (rnd(p["rows"], p["vocab"]),)
-        fns = {impl: (lambda x, impl=impl: kernels.cross_entropy(x, target, 0.1, impl=impl))
-               for impl in ("triton", "torch")}
+        make = lambda: (rnd(p["rows"], p["vocab"], scale=2.0),)  # noqa: E731
+        fns = {impl: (lambda x, impl=impl: kernels.cross_entropy(x, target, 0.1, impl=impl)) for impl in impls}
+        # what the training loop runs: the gradient written into the logits in the forward
+        fns["triton-inplace"] = lambda x: kernels.cross_entropy(x, target, 0.1, impl="triton",
+                                                                inplace_backward=True)
+        # F.cross_entropy straight on 16-bit logits (outside autocast): less exact, less memory
+        fns["eager-lowp"] = lambda x: F.cross_entropy(x, target, label_smoothing=0.1)
     elif op == "fused_linear_cross_entropy":
         target = torch.randint(0, p["vocab"], (p["rows"],), device=device)
-        inputs = (rnd(p["rows"], p["hidden"]), rnd(p["vocab"], p["hidden"], scale=p["hidden"] ** -0.5))
+        make = lambda: (rnd(p["rows"], p["hidden"]),  # noqa: E731
+                        rnd(p["vocab"], p["hidden"], scale=p["hidden"] ** -0.5))
         fns = {impl: (lambda h, w, impl=impl: kernels.fused_linear_cross_entropy(h, w, target, impl=impl))
-               for impl in ("triton", "torch")}
+               for impl in impls}
     elif op == "bias_gelu":
-        inputs = (rnd(p["rows"], p["dim"]), rnd(p["dim"]))
-        fns = {impl: (lambda x, b, impl=impl: kernels.bias_gelu(x, b, impl=impl))
-               for impl in ("triton", "torch")}
+        make = lambda: (rnd(p["rows"], p["dim"]), rnd(p["dim"]))  # noqa: E731
+        fns = {impl: (lambda x, b, impl=impl: kernels.bias_gelu(x, b, impl=impl)) for impl in impls}
     else:
         raise ValueError(op)
     fns["eager"] = fns.pop("torch")
@@ -188,64 +217,139 @@ def _make_case(op: str, p: dict, dtype, device):
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
             fns[name] = run
-    return inputs, fns
+    return make, fns
 
 
-def _measure(fn, inputs, mode: str, quick: bool):
+def _input_sets(make, l2_bytes: int, max_sets: int = 8) -> list:
+    """Enough input sets that cycling through them overflows the L2 cache (3x its size),
+    so a timed call never finds its inputs already cached by the previous one."""
+    first = make()
+    size = sum(t.numel() * t.element_size() for t in first)
+    count = min(max_sets, max(1, -(-3 * l2_bytes // size)))
+    return [first] + [make() for _ in range(count - 1)]
+
+
+def _stepper(fn, sets, mode: str):
+    import torch
+
+    state = {"i": 0}
+    grads = {}
+
+    def step():
+        inputs = sets[state["i"] % len(sets)]
+        state["i"] += 1
+        y = fn(*inputs)
+        if mode == "fwd+bwd":
+            if "grad" not in grads:  # a loss gets 1 (as in training), a tensor random values
+                grads["grad"] = torch.ones_like(y) if y.dim() == 0 else torch.randn_like(y)
+            leaves = [t for t in inputs if t.requires_grad]
+            torch.autograd.grad(y, leaves, grads["grad"])
+        return y
+
+    return step
+
+
+def _graph_ms(step, calls: int, replays: int = 20):
+    """GPU time per call: `calls` calls captured in one CUDA graph, median of its replays.
+    Host overhead (Python, dispatch, launches) is left out: this is the kernels' own time."""
+    import statistics
+
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            step()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
+
+
+def _measure(fn, sets, mode: str, quick: bool):
+    """(do_bench median ms, CUDA-graph ms, peak MiB of one call, first output)."""
     import torch
     import triton
 
-    leaves = [t for t in inputs if t.requires_grad]
-    out = fn(*inputs)
-    grad = torch.randn_like(out)
-
-    def step():
-        y = fn(*inputs)
-        if mode == "fwd+bwd":
-            y.backward(grad)
-        return y
-
-    step()  # compile / autotune outside the timed and measured region
-    for t in leaves:
-        t.grad = None
+    step = _stepper(fn, sets, mode)
+    out = step()  # compile / autotune outside the timed and measured region
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    for t in leaves:
-        t.grad = None
     ms = triton.testing.do_bench(step, warmup=5 if quick else 25, rep=20 if quick else 100,
-                                 grad_to_none=leaves, return_mode="median")
-    return ms, peak, out
+                                 return_mode="median")
+    try:
+        graph_ms = _graph_ms(step, calls=len(sets))
+    except Exception as exc:  # a variant that cannot be captured keeps its plain timing
+        print(f"  (no CUDA-graph timing: {type(exc).__name__}: {str(exc)[:120]})", flush=True)
+        graph_ms = None
+    return ms, graph_ms, peak, out
 
 
-def run_benchmarks(args) -> list:
+def autotune_choices() -> dict:
+    """{kernel: {autotune key: chosen config}} for every autotuned kernel used so far."""
+    import importlib
+
+    import triton
+
+    choices = {}
+    for name in ("layer_norm", "attention", "cross_entropy", "mlp"):
+        module = importlib.import_module(f"kernels.{name}")
+        if module._triton_kernels.cache_info().currsize == 0:
+            continue
+        for kernel in vars(module._triton_kernels(False)).values():
+            if isinstance(kernel, triton.runtime.Autotuner) and kernel.cache:
+                choices[kernel.fn.__name__] = {str(k): str(c) for k, c in kernel.cache.items()}
+    return choices
+
+
+def run_benchmarks(args, save=lambda rows: None) -> list:
     import torch
 
     dtype = getattr(torch, DTYPES[args.dtype])
     device = torch.device("cuda")
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
     rows = []
     for op in args.ops:
         for case, params in CASES[op]:
             if args.quick and case != QUICK_CASE[op]:
                 continue
+            torch.manual_seed(0)
+            torch._dynamo.reset()
+            make, fns = _make_case(op, params, dtype, device)
+            if not args.no_compile:  # one compiled function per case: fwd, then fwd+bwd
+                fns["compile"] = torch.compile(fns["eager"], dynamic=False)
+            shared = _input_sets(make, l2)
             for mode in ("fwd", "fwd+bwd"):
-                torch.manual_seed(0)
-                inputs, fns = _make_case(op, params, dtype, device)
-                if not args.no_compile:
-                    fns["compile"] = torch.compile(fns["eager"])
                 row = {"op": op, "case": case, "mode": mode, "params": params, "ms": {},
-                       "peak_mib": {}, "errors": {}}
+                       "graph_ms": {}, "peak_mib": {}, "errors": {}, "input_sets": len(shared)}
                 outs = {}
                 for name, fn in fns.items():
+                    sets = [tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in s)
+                            for s in shared] if name in MUTATES_INPUTS else shared
                     try:
-                        ms, peak, outs[name] = _measure(fn, inputs, mode, args.quick)
+                        ms, graph_ms, peak, outs[name] = _measure(fn, sets, mode, args.quick)
                         row["ms"][name], row["peak_mib"][name] = round(ms, 4), round(peak, 1)
+                        row["graph_ms"][name] = None if graph_ms is None else round(graph_ms, 4)
                     except Exception as exc:  # e.g. an SDPA backend that rejects the shape
-                        row["ms"][name] = None
+                        row["ms"][name] = row["graph_ms"][name] = None
                         row["errors"][name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    del sets
                 if "triton" in outs and "eager" in outs:
                     row["max_abs_err"] = (outs["triton"].float() - outs["eager"].float()).abs().max().item()
                 rows.append(row)
@@ -253,13 +357,79 @@ def run_benchmarks(args) -> list:
                 print(f"{op:<27} {case:<11} {mode:<8} "
                       + " ".join(f"{k}={v:.3f}ms" for k, v in row["ms"].items() if v is not None)
                       + "  speedup " + " ".join(f"{k}:{v:.2f}x" for k, v in sp.items()), flush=True)
-                del inputs, fns, outs
-                torch.cuda.empty_cache()
+                del outs
+                save(rows)
+            del shared, fns
+            torch.cuda.empty_cache()
     return rows
+
+
+# --- the dispatch table for impl="auto" -----------------------------------------
+
+WIN_MARGIN = 0.95  # Triton must take at most 95% of the best built-in time, both ways timed
+
+
+def _dims(op: str, params: dict) -> dict:
+    if op in ("layer_norm", "bias_gelu"):
+        return {"dim": params["dim"]}
+    if op == "attention":
+        return {"head_dim": params["head_dim"], "seq": params["seq"], "causal": params["causal"]}
+    if op == "cross_entropy":
+        return {"vocab": params["vocab"]}
+    return {"vocab": params["vocab"], "hidden": params["hidden"]}
+
+
+def dispatch_entries(report: dict, source: str) -> list:
+    """One entry per (op, case) of a results file: "triton" where its fwd+bwd time, with
+    host overhead (do_bench) and without (CUDA graph), beat every built-in baseline."""
+    sys.path.insert(0, str(REPO))
+    from kernels import dispatch
+
+    meta, entries = report["meta"], []
+    for row in report["results"]:
+        if row["mode"] != "fwd+bwd" or row["op"] not in ("layer_norm", "attention", "cross_entropy",
+                                                          "fused_linear_cross_entropy", "bias_gelu"):
+            continue
+        baselines = [v for v in row["ms"] if not v.startswith("triton") and v != "eager-lowp"]
+        won = True
+        for timing in ("ms", "graph_ms"):
+            t = row.get(timing, {}).get("triton")
+            best = [row.get(timing, {}).get(v) for v in baselines]
+            best = [b for b in best if b is not None]
+            won = won and t is not None and bool(best) and t <= WIN_MARGIN * min(best)
+        dims = _dims(row["op"], row["params"])
+        entries.append({
+            "gpu": meta["gpu"], "op": row["op"], "dtype": meta["dtype"],
+            "bucket": dispatch.shape_bucket(row["op"], **dims), "dims": dims,
+            "impl": "triton" if won else "torch", "case": row["case"],
+            "ms": row["ms"], "graph_ms": row.get("graph_ms", {}), "source": source})
+    return entries
+
+
+def write_table(result_files: list, table_path: Path) -> dict:
+    entries, sources = {}, []
+    for path in result_files:
+        report = json.loads(Path(path).read_text())
+        source = str(Path(path).resolve().relative_to(REPO)) if Path(path).resolve().is_relative_to(REPO) \
+            else str(path)
+        sources.append({"file": source, "commit": report["meta"]["commit"], "date": report["meta"]["date"]})
+        for e in dispatch_entries(report, source):
+            entries[(e["gpu"], e["op"], e["dtype"], e["bucket"])] = e  # a later file wins
+    table = {"note": "written by bench/kernels.py --write-table; impl='auto' runs Triton only "
+                     "where an entry says triton (fwd+bwd at most "
+                     f"{WIN_MARGIN:.0%} of the best built-in time, timed with and without host overhead)",
+             "sources": sources, "entries": list(entries.values())}
+    table_path.write_text(json.dumps(table, indent=1) + "\n")
+    return table
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.write_table:
+        table = write_table(args.write_table, args.table)
+        wins = [f"{e['op']} {e['dtype']} {e['bucket']}" for e in table["entries"] if e["impl"] == "triton"]
+        print(f"wrote {args.table}: {len(table['entries'])} entries; Triton at: {', '.join(wins) or 'none'}")
+        return 0
     import torch
 
     if not torch.cuda.is_available():
@@ -272,12 +442,21 @@ def main(argv=None) -> int:
     meta = {"gpu": gpu, "date": now.isoformat(timespec="seconds"), "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda, "commit": git_commit(),
             "dtype": args.dtype, "command": shlex.join(["python"] + sys.argv)}
-    rows = run_benchmarks(args)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = result_paths(args.out_dir, gpu, now.strftime("%Y-%m-%d"))
-    json_path.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+
+    def save(rows):  # after every case, so a run cut short keeps what it measured
+        try:
+            choices = autotune_choices()
+        except Exception as exc:  # the timings matter more than this record
+            choices = {"error": f"{type(exc).__name__}: {exc}"}
+        json_path.write_text(json.dumps({"meta": meta, "results": rows, "autotune": choices},
+                                        indent=2) + "\n")
+        md_path.write_text(render_markdown(meta, rows))
+
+    rows = run_benchmarks(args, save)
+    save(rows)
     markdown = render_markdown(meta, rows)
-    md_path.write_text(markdown)
     print(markdown)
     print(f"wrote {json_path} and {md_path}")
     return 0

@@ -5,14 +5,16 @@ Every op takes ``impl``:
              F.cross_entropy, F.gelu): the reference path.
   "triton" - the fused Triton kernels (forward and backward).  Needs CUDA
              tensors, or TRITON_INTERPRET=1 to run them on CPU (slowly).
-  "auto"   - the built-in op on CPU; on CUDA the Triton kernel only where it
-             was measured to win (``_CUDA_TRITON_WINS``; empty until GPU
-             benchmark results are committed, see kernels/NOTES.md).
+  "auto"   - the built-in op on CPU; on CUDA the Triton kernel only where the
+             committed benchmark table (kernels/dispatch_table.json, written by
+             bench/kernels.py --write-table) records that it won on this GPU,
+             for this dtype and shape bucket (kernels/dispatch.py).
 
 Depends on torch and (optionally) triton only; imports cleanly without triton.
 """
 from torch import Tensor
 
+from . import dispatch
 from ._common import HAS_TRITON, check_triton
 from .attention import attention_torch, attention_triton
 from .cross_entropy import (cross_entropy_torch, cross_entropy_triton,
@@ -24,14 +26,6 @@ OPS = ("layer_norm", "attention", "cross_entropy", "bias_gelu")
 EXTRA_OPS = ("fused_linear_cross_entropy", "swiglu")
 IMPLS = ("auto", "triton", "torch")
 
-# op -> predicate(*tensors) saying Triton beat the built-in op at these shapes
-# on this GPU, filled in from bench/kernels.py results.  No GPU was available
-# when these kernels were written, so nothing is measured yet and "auto" keeps
-# the built-in path on CUDA for every op.  (Liger-Kernel reports its fused
-# LayerNorm 3.3x *slower* than torch fwd+bwd at N=1024 on H100, so a win must
-# be measured per op and shape, never assumed.)
-_CUDA_TRITON_WINS: dict = {}
-
 
 def available_impls() -> dict:
     """{op: impls usable in this process}, for configs/specs to validate against."""
@@ -39,14 +33,15 @@ def available_impls() -> dict:
     return {op: impls for op in OPS + EXTRA_OPS}
 
 
-def _resolve(op: str, impl: str, *tensors: Tensor) -> str:
+def resolve(op: str, impl: str, *tensors: Tensor, **dims) -> str:
+    """The implementation ("triton" or "torch") that ``impl`` means for these tensors;
+    ``dims`` are the op's deciding dimensions for "auto" (see kernels/dispatch.py)."""
     if impl not in IMPLS:
         raise ValueError(f"kernels.{op}: impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        wins = _CUDA_TRITON_WINS.get(op)
-        use_triton = (HAS_TRITON and wins is not None and all(t.is_cuda for t in tensors)
-                      and wins(*tensors))
-        return "triton" if use_triton else "torch"
+        if not (HAS_TRITON and all(t.is_cuda for t in tensors)):
+            return "torch"
+        return dispatch.choose(op, tensors[0].dtype, tensors[0].device.index or 0, **dims)
     if impl == "triton":
         check_triton(op, *tensors)
     return impl
@@ -54,7 +49,7 @@ def _resolve(op: str, impl: str, *tensors: Tensor) -> str:
 
 def layer_norm(x: Tensor, weight, bias, eps: float = 1e-5, impl: str = "auto") -> Tensor:
     """LayerNorm over the last dim of ``x`` (any leading shape)."""
-    if _resolve("layer_norm", impl, x) == "triton":
+    if resolve("layer_norm", impl, x, dim=x.shape[-1]) == "triton":
         return layer_norm_triton(x, weight, bias, eps)
     return layer_norm_torch(x, weight, bias, eps)
 
@@ -63,16 +58,22 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale=None,
               impl: str = "auto") -> Tensor:
     """Softmax attention on (batch, heads, seq, head_dim); no dropout.
     ``scale`` defaults to 1/sqrt(head_dim); causal is top-left aligned like SDPA."""
-    if _resolve("attention", impl, q, k, v) == "triton":
+    if resolve("attention", impl, q, k, v, head_dim=q.shape[-1], seq=q.shape[-2],
+                causal=causal) == "triton":
         return attention_triton(q, k, v, causal, scale)
     return attention_torch(q, k, v, causal, scale)
 
 
 def cross_entropy(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
-                  ignore_index: int = -100, impl: str = "auto") -> Tensor:
-    """Mean cross-entropy over non-ignored rows; logits (N, V) or (B, T, V)."""
-    if _resolve("cross_entropy", impl, logits) == "triton":
-        return cross_entropy_triton(logits, target, label_smoothing, ignore_index)
+                  ignore_index: int = -100, impl: str = "auto",
+                  inplace_backward: bool = False) -> Tensor:
+    """Mean cross-entropy over non-ignored rows; logits (N, V) or (B, T, V).
+    The loss is fp32 for 16-bit logits, as under autocast.  With
+    ``inplace_backward`` the Triton path overwrites ``logits`` with their
+    gradient during the forward (no (N, V) allocation at all): for callers that
+    do not read the logits after the loss, like the training loop."""
+    if resolve("cross_entropy", impl, logits, vocab=logits.shape[-1]) == "triton":
+        return cross_entropy_triton(logits, target, label_smoothing, ignore_index, inplace_backward)
     return cross_entropy_torch(logits, target, label_smoothing, ignore_index)
 
 
@@ -81,7 +82,8 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, b
                                impl: str = "auto", chunk_size=None) -> Tensor:
     """cross_entropy(hidden @ weight.T + bias, target) without materialising the
     full logits on the Triton path (rows are processed ``chunk_size`` at a time)."""
-    if _resolve("fused_linear_cross_entropy", impl, hidden, weight) == "triton":
+    if resolve("fused_linear_cross_entropy", impl, hidden, weight, vocab=weight.shape[0],
+                hidden=weight.shape[1]) == "triton":
         return fused_linear_cross_entropy_triton(hidden, weight, target, bias, label_smoothing,
                                                  ignore_index, chunk_size)
     return fused_linear_cross_entropy_torch(hidden, weight, target, bias, label_smoothing,
@@ -90,17 +92,17 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, b
 
 def bias_gelu(x: Tensor, bias: Tensor, impl: str = "auto") -> Tensor:
     """F.gelu(x + bias) with the exact erf GELU (nn.GELU() default)."""
-    if _resolve("bias_gelu", impl, x, bias) == "triton":
+    if resolve("bias_gelu", impl, x, bias, dim=x.shape[-1]) == "triton":
         return bias_gelu_triton(x, bias)
     return bias_gelu_torch(x, bias)
 
 
 def swiglu(a: Tensor, b: Tensor, impl: str = "auto") -> Tensor:
     """F.silu(a) * b."""
-    if _resolve("swiglu", impl, a, b) == "triton":
+    if resolve("swiglu", impl, a, b) == "triton":
         return swiglu_triton(a, b)
     return swiglu_torch(a, b)
 
 
-__all__ = ["OPS", "EXTRA_OPS", "IMPLS", "HAS_TRITON", "available_impls", "layer_norm",
+__all__ = ["OPS", "EXTRA_OPS", "IMPLS", "HAS_TRITON", "available_impls", "resolve", "layer_norm",
            "attention", "cross_entropy", "fused_linear_cross_entropy", "bias_gelu", "swiglu"]

@@ -50,12 +50,36 @@ def check_triton(op: str, *tensors: torch.Tensor) -> None:
         )
 
 
+def autotuning() -> bool:
+    """False when KERNELS_AUTOTUNE=0: each kernel then runs its first (default)
+    config, compiled once, which keeps correctness tests on a GPU fast."""
+    return os.environ.get("KERNELS_AUTOTUNE", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+class FixedConfig:
+    """A kernel launched with one config (KERNELS_AUTOTUNE=0): the first of its
+    candidates that the autotuner's pruning function keeps for these arguments."""
+
+    def __init__(self, kernel, configs, prune=None):
+        self.fn, self.configs, self.prune = kernel, configs, prune
+
+    def config_for(self, args, kwargs):
+        configs = self.configs
+        if self.prune is not None:
+            configs = self.prune(configs, dict(zip(self.fn.arg_names, args)), **kwargs) or configs
+        return configs[0]
+
+
 def maybe_autotune(kernel, configs, key, interpret: bool, **kwargs):
     """Wrap ``kernel`` in ``triton.autotune`` on GPU; leave it bare under the
     interpreter, where benchmarking every config would only cost time and the
-    caller passes one small config (see ``launch``)."""
+    caller passes one small config (see ``launch``).  ``configs[0]`` is the
+    default: the config used when autotuning is off."""
     if interpret:
         return kernel
+    if not autotuning():
+        return FixedConfig(kernel, configs,
+                           (kwargs.get("prune_configs_by") or {}).get("early_config_prune"))
     return triton.autotune(configs=configs, key=key, **kwargs)(kernel)
 
 
@@ -67,11 +91,16 @@ LAUNCH_HOOK = None
 
 def launch(kernel, grid, *args, interp_meta: dict, **kwargs):
     """Launch ``kernel``.  An autotuned kernel picks its block sizes itself; a
-    bare one (interpreter) gets the single small config ``interp_meta``."""
+    fixed one gets its config; a bare one (interpreter) gets the single small
+    config ``interp_meta``."""
     if LAUNCH_HOOK is not None:
         return LAUNCH_HOOK(kernel, args, kwargs)
     if isinstance(kernel, triton.runtime.Autotuner):
         return kernel[grid](*args, **kwargs)
+    if isinstance(kernel, FixedConfig):
+        cfg = kernel.config_for(args, kwargs)
+        return kernel.fn[grid](*args, **kwargs, **cfg.kwargs, num_warps=cfg.num_warps,
+                               num_stages=cfg.num_stages)
     with _interpretable_stdlib():
         return kernel[grid](*args, **kwargs, **interp_meta)
 

@@ -39,7 +39,7 @@ def _compile_launch(kernel, args, kwargs, arch: int, which: str, results: list):
     from triton.compiler import ASTSource
     from triton.runtime.jit import mangle_type
 
-    tuned = isinstance(kernel, triton.runtime.Autotuner)
+    tuned = isinstance(kernel, (triton.runtime.Autotuner, _common.FixedConfig))
     fn = kernel.fn if tuned else kernel
     configs = _pick(kernel.configs, which) if tuned else [triton.Config({})]
     for cfg in configs:

@@ -42,16 +42,40 @@ def attention_torch(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
-def _configs(m_sizes, n_sizes):
-    # Hopper candidates after the FA2 tutorial: 64/128-row query tiles,
-    # 32..128-key tiles, 2-4 pipeline stages, 4 or 8 warps.  Tiles that need
-    # more shared memory than the SM has fail to compile and are skipped by
-    # the autotuner; 8 warps only pay off on 128x128 tiles.
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=s, num_warps=w)
-        for bm in m_sizes for bn in n_sizes for s in (2, 3, 4) for w in (4, 8)
-        if w == 4 or bm * bn >= 128 * 128
-    ]
+def _config(bm, bn, stages, warps):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_stages=stages, num_warps=warps)
+
+
+# Hopper candidates (BLOCK_M, BLOCK_N, stages, warps), after FA2 and Triton's
+# fused-attention tutorial; the first config that fits is the default when
+# autotuning is off.  The forward holds a BLOCK_M query tile and streams
+# BLOCK_N keys; dk/dv owns a BLOCK_N key tile and streams narrower query
+# tiles; dq is its mirror image.
+FWD_CONFIGS = [(128, 64, 3, 4), (128, 64, 4, 8), (128, 128, 3, 8), (64, 64, 4, 4),
+               (64, 128, 3, 4), (128, 32, 4, 4), (64, 32, 3, 4), (64, 32, 2, 4)]
+DKDV_CONFIGS = [(32, 128, 3, 4), (64, 128, 3, 8), (32, 64, 3, 4), (64, 64, 3, 4),
+                (32, 128, 4, 4), (16, 64, 2, 4)]
+DQ_CONFIGS = [(128, 32, 3, 4), (128, 64, 3, 8), (64, 64, 3, 4), (64, 32, 3, 4),
+              (128, 32, 4, 4), (32, 32, 2, 4)]
+PRE_CONFIGS = [(128, 4), (64, 4), (128, 8)]  # (BLOCK_M, warps) of the delta = rowsum(o * do) pass
+SMEM_BUDGET = 160 * 1024  # estimated bytes; the H100 allows 227 KiB per block
+
+
+def _fits(streamed_tiles: int):
+    """Pruning for the autotuner: drop configs whose tiles would not fit in shared
+    memory (roughly: the resident tile plus `stages` copies of each streamed tile)."""
+    def prune(configs, nargs, **kwargs):
+        elem = nargs["Q"].element_size()
+        d = kwargs["BLOCK_D"]
+        return [c for c in configs
+                if elem * d * (max(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"])
+                               + c.num_stages * streamed_tiles * min(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]))
+                <= SMEM_BUDGET]
+    return prune
+
+
+def _configs(table):
+    return [_config(*c) for c in table]
 
 
 _KEY = ["S_Q", "S_K", "HEAD_DIM", "CAUSAL"]
@@ -247,12 +271,15 @@ def _triton_kernels(interpret: bool):
         tl.store(DQ + b * s_qgb + h * s_qgh + rows[:, None] * s_qgs + offs_d[None, :],
                  dq.to(DQ.dtype.element_ty), mask=q_mask)
 
-    pre_configs = [triton.Config({"BLOCK_M": bm}, num_warps=w) for bm in (64, 128) for w in (4, 8)]
+    # Streamed tiles per loop iteration: K and V (forward, dq); Q and dO (dk/dv).
+    fits = {"prune_configs_by": {"early_config_prune": _fits(2)}}
     return SimpleNamespace(
-        fwd=maybe_autotune(attn_fwd_kernel, _configs((64, 128), (32, 64, 128)), _KEY, interpret),
-        pre=maybe_autotune(attn_bwd_preprocess_kernel, pre_configs, ["S_Q", "HEAD_DIM"], interpret),
-        dkdv=maybe_autotune(attn_bwd_dkdv_kernel, _configs((32, 64), (64, 128)), _KEY, interpret),
-        dq=maybe_autotune(attn_bwd_dq_kernel, _configs((64, 128), (32, 64)), _KEY, interpret),
+        fwd=maybe_autotune(attn_fwd_kernel, _configs(FWD_CONFIGS), _KEY, interpret, **fits),
+        pre=maybe_autotune(attn_bwd_preprocess_kernel,
+                           [triton.Config({"BLOCK_M": bm}, num_warps=w) for bm, w in PRE_CONFIGS],
+                           ["S_Q", "HEAD_DIM"], interpret),
+        dkdv=maybe_autotune(attn_bwd_dkdv_kernel, _configs(DKDV_CONFIGS), _KEY, interpret, **fits),
+        dq=maybe_autotune(attn_bwd_dq_kernel, _configs(DQ_CONFIGS), _KEY, interpret, **fits),
     )
 
 

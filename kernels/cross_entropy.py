@@ -9,7 +9,11 @@ with target t and smoothing e over V classes:
     dx   = softmax(x) - e / V - (1 - e) * onehot(t)      (0 for ignored rows)
 
 ``cross_entropy`` saves only the per-row lse (N floats) and recomputes the
-softmax in the backward from the caller's logits, which it never modifies.
+softmax in the backward from the caller's logits, which it never modifies;
+with ``inplace_backward=True`` (for callers whose logits are dead after the
+loss, like the training loop) it writes the gradient into the logits during
+the forward instead, so neither pass allocates an (N, V) tensor.  The loss is
+fp32 for 16-bit logits (fp64 for fp64), as autocast gives for F.cross_entropy.
 ``fused_linear_cross_entropy`` owns its logits, so it computes each row chunk's
 logits, overwrites them in place with the gradient in the forward pass
 (Liger-Kernel's scheme) and immediately folds them into d_hidden / d_weight;
@@ -30,7 +34,10 @@ INTERPRET_META = {"BLOCK_V": 16}  # small chunks: several per row even for tiny 
 
 def cross_entropy_torch(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
                         ignore_index: int = -100) -> Tensor:
-    """Reference path: the built-in op on (N, V) rows."""
+    """Reference path: the built-in op on (N, V) rows.  16-bit logits are upcast
+    first, as autocast does for F.cross_entropy, so the loss is fp32."""
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                            ignore_index=ignore_index, label_smoothing=label_smoothing)
 
@@ -43,9 +50,17 @@ def fused_linear_cross_entropy_torch(hidden: Tensor, weight: Tensor, target: Ten
 
 def _configs():
     # Memory-bound row streaming: bigger chunks amortise the per-chunk
-    # reductions; 8-16 warps keep enough loads in flight on Hopper.
+    # reductions; 8-16 warps keep enough loads in flight on Hopper.  The first
+    # config that the pruning keeps is the default when autotuning is off.
     return [triton.Config({"BLOCK_V": bv}, num_warps=w)
-            for bv in (1024, 2048, 4096, 8192) for w in (4, 8, 16)]
+            for bv, w in ((4096, 8), (8192, 16), (8192, 8), (2048, 8), (4096, 16), (2048, 4),
+                          (1024, 4), (1024, 8))]
+
+
+def _prune(configs, nargs, **kwargs):
+    """No chunk wider than the vocabulary needs (but keep the 1024-wide ones)."""
+    widest = max(1024, next_power_of_2(nargs["V"]))
+    return [c for c in configs if c.kwargs["BLOCK_V"] <= widest]
 
 
 @functools.cache
@@ -94,11 +109,25 @@ def _triton_kernels(interpret: bool):
             tl.store(DLOGITS + row * dstride + cols, (grad * g).to(DLOGITS.dtype.element_ty),
                      mask=cols < V)
 
+    @triton.jit
+    def scale_kernel(X, SCALE, numel, BLOCK: tl.constexpr):
+        # x *= scale, read on the device; a no-op (no memory traffic) when scale == 1,
+        # the usual incoming gradient of a loss, so no host sync is needed to skip it.
+        s = tl.load(SCALE)
+        if s != 1.0:
+            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < numel
+            x = tl.load(X + offs, mask=mask, other=0.0)
+            tl.store(X + offs, (x.to(s.dtype) * s).to(X.dtype.element_ty), mask=mask)
+
+    prune = {"early_config_prune": _prune}
     return SimpleNamespace(
         # The in-place variant rewrites LOGITS, so benchmarking configs must restore it.
         fwd=maybe_autotune(cross_entropy_fwd_kernel, _configs(), ["V", "WRITE_GRAD"], interpret,
-                           restore_value=["LOGITS"]),
-        bwd=maybe_autotune(cross_entropy_bwd_kernel, _configs(), ["V"], interpret),
+                           restore_value=["LOGITS"], prune_configs_by=prune),
+        bwd=maybe_autotune(cross_entropy_bwd_kernel, _configs(), ["V"], interpret,
+                           prune_configs_by=prune),
+        scale=scale_kernel,
     )
 
 
@@ -128,12 +157,45 @@ def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float,
     _ce_rows(logits, target, loss_rows, lse, lse, label_smoothing, ignore_index, write_grad=False)
     n_valid = (target != ignore_index).sum()
     # 0/0 -> nan when every target is ignored, exactly like F.cross_entropy.
-    return (loss_rows.sum() / n_valid).to(logits.dtype), lse
+    return loss_rows.sum() / n_valid, lse
 
 
 @cross_entropy_fwd.register_fake
 def _(logits, target, label_smoothing, ignore_index):
-    return logits.new_empty(()), logits.new_empty(logits.shape[:1], dtype=_acc_torch(logits.dtype))
+    acc = _acc_torch(logits.dtype)
+    return logits.new_empty((), dtype=acc), logits.new_empty(logits.shape[:1], dtype=acc)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::cross_entropy_fwd_inplace", mutates_args=("logits",))
+def cross_entropy_fwd_inplace(logits: Tensor, target: Tensor, label_smoothing: float,
+                              ignore_index: int) -> Tensor:
+    """The loss, with ``logits`` overwritten by d(loss)/d(logits) (Liger-Kernel's scheme)."""
+    acc = _acc_torch(logits.dtype)
+    loss_rows = logits.new_empty(logits.shape[:1], dtype=acc)
+    lse = torch.empty_like(loss_rows)
+    n_valid = (target != ignore_index).sum()
+    grad_scale = torch.where(n_valid > 0, 1.0 / n_valid.to(acc), 0.0).to(acc).reshape(1)
+    _ce_rows(logits, target, loss_rows, lse, grad_scale, label_smoothing, ignore_index,
+             write_grad=True)
+    return loss_rows.sum() / n_valid
+
+
+@cross_entropy_fwd_inplace.register_fake
+def _(logits, target, label_smoothing, ignore_index):
+    return logits.new_empty((), dtype=_acc_torch(logits.dtype))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::scale_", mutates_args=("x",))
+def scale_(x: Tensor, scale: Tensor) -> None:
+    """x *= scale (a one-element tensor), skipped on the device when scale == 1."""
+    if x.numel():
+        launch(_triton_kernels(interpreting()).scale, lambda meta: (triton.cdiv(x.numel(), 4096),),
+               x, scale.reshape(1).to(_acc_torch(x.dtype)), x.numel(), BLOCK=4096, interp_meta={})
+
+
+@scale_.register_fake
+def _(x, scale):
+    return None
 
 
 @torch.library.custom_op(f"{NAMESPACE}::cross_entropy_bwd", mutates_args=())
@@ -183,10 +245,30 @@ def _rows(logits: Tensor, target: Tensor, name: str):
     return logits, target.contiguous()
 
 
+class CrossEntropyInplaceFunction(torch.autograd.Function):
+    """The forward writes the gradient into the logits; the backward only scales it.
+    No (N, V) tensor is allocated at all, in forward or backward."""
+
+    @staticmethod
+    def forward(ctx, logits, target, label_smoothing, ignore_index):
+        loss = cross_entropy_fwd_inplace(logits, target, label_smoothing, ignore_index)
+        ctx.save_for_backward(logits)  # now the gradient of the mean loss
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        (dlogits,) = ctx.saved_tensors
+        scale_(dlogits, grad)
+        return dlogits, None, None, None
+
+
 def cross_entropy_triton(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
-                         ignore_index: int = -100) -> Tensor:
+                         ignore_index: int = -100, inplace_backward: bool = False) -> Tensor:
     logits, target = _rows(logits, target, "cross_entropy")
-    return CrossEntropyFunction.apply(logits, target, float(label_smoothing), int(ignore_index))
+    args = (logits, target, float(label_smoothing), int(ignore_index))
+    if inplace_backward and logits.requires_grad and torch.is_grad_enabled():
+        return CrossEntropyInplaceFunction.apply(*args)
+    return CrossEntropyFunction.apply(*args)
 
 
 # --- fused final linear + cross-entropy ------------------------------------
@@ -227,14 +309,15 @@ def fused_linear_cross_entropy_fwd(hidden: Tensor, weight: Tensor, target: Tenso
             d_weight += (grad.t() @ h).to(acc)
         if bias is not None:
             d_bias += grad.sum(0, dtype=acc)
-    loss = (loss_rows.sum() / n_valid).to(hidden.dtype)
+    loss = loss_rows.sum() / n_valid
     return loss, d_hidden, d_weight.to(weight.dtype), d_bias.to(weight.dtype)
 
 
 @fused_linear_cross_entropy_fwd.register_fake
 def _(hidden, weight, target, bias, label_smoothing, ignore_index, chunk_size):
     d_bias = weight.new_empty((weight.shape[0],) if bias is not None else (0,))
-    return hidden.new_empty(()), torch.empty_like(hidden), torch.empty_like(weight), d_bias
+    loss = hidden.new_empty((), dtype=_acc_torch(hidden.dtype))
+    return loss, torch.empty_like(hidden), torch.empty_like(weight), d_bias
 
 
 class FusedLinearCrossEntropyFunction(torch.autograd.Function):

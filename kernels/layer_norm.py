@@ -1,11 +1,12 @@
 """Fused LayerNorm (weight + bias) over the last dimension.
 
-Forward: one program per row, the whole row in registers, fp32 statistics
-(fp64 for fp64 inputs); mean and rstd are saved for the backward.
-Backward: a persistent grid (one program per SM) walks a contiguous slice of
-rows, writes dx per row and keeps running dw/db sums in registers; each program
-stores its partial sums to a (programs, N) buffer that torch reduces
-(the scheme of the Triton layer-norm tutorial and Liger-Kernel).
+Forward: one program per tile of BLOCK_M whole rows, held in registers, fp32
+statistics (fp64 for fp64 inputs); mean and rstd are saved for the backward.
+Backward: a persistent grid (one program per SM) walks strided tiles of rows,
+writes dx and keeps running dw/db sums in registers; each program stores its
+partial sums to a (programs, N) buffer that torch reduces (the scheme of the
+Triton layer-norm tutorial and Liger-Kernel, with multi-row tiles so that short
+rows still keep enough loads in flight).
 """
 import functools
 from types import SimpleNamespace
@@ -26,63 +27,89 @@ def layer_norm_torch(x: Tensor, weight, bias, eps: float = 1e-5) -> Tensor:
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+# Tiles hold at most this many elements (BLOCK_M rows x BLOCK_N columns).
+MAX_TILE = 16384
+# Under the interpreter: two-row tiles, so row tails and multi-row tiles are tested.
+INTERPRET_META = {"BLOCK_M": 2}
+
+
 def _configs():
-    # The block is the whole row, so only the warp count is tunable; 16 warps
-    # pays off for rows of 8K+ elements on Hopper, 1-2 for rows < 1K.
-    return [triton.Config({}, num_warps=w) for w in (1, 2, 4, 8, 16)]
+    # A tile is BLOCK_M whole rows.  Short rows (ViT/GPT-2: 768) need several
+    # rows per program to keep enough loads in flight; long rows want one row
+    # and more warps.  The first surviving config is the default when
+    # autotuning is off (KERNELS_AUTOTUNE=0).
+    return [triton.Config({"BLOCK_M": bm}, num_warps=w)
+            for bm in (4, 1, 2, 8, 16) for w in (4, 8, 2, 16)]
+
+
+def _prune(configs, nargs, **kwargs):
+    """Drop tiles larger than MAX_TILE elements and warps with under one row each."""
+    block_n = kwargs["BLOCK_N"]
+    return [c for c in configs
+            if c.kwargs["BLOCK_M"] * block_n <= MAX_TILE
+            and c.num_warps * 32 <= c.kwargs["BLOCK_M"] * block_n]
 
 
 @functools.cache
 def _triton_kernels(interpret: bool):
     @triton.jit
-    def layer_norm_fwd_kernel(X, Y, W, B, Mean, Rstd, stride_x, stride_y, N, eps,
-            BLOCK_N: tl.constexpr, ACC: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
+    def layer_norm_fwd_kernel(X, Y, W, B, Mean, Rstd, stride_x, stride_y, M, N, eps,
+            BLOCK_N: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr):
+        rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         cols = tl.arange(0, BLOCK_N)
-        mask = cols < N
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(ACC)
-        mean = tl.sum(x, axis=0) / N
-        xc = tl.where(mask, x - mean, 0.0)
-        var = tl.sum(xc * xc, axis=0) / N
+        row_ok = rows < M
+        col_ok = cols < N
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(ACC)
+        mean = tl.sum(x, axis=1) / N
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        var = tl.sum(xc * xc, axis=1) / N
         rstd = 1.0 / tl.sqrt(var + eps)
-        w = tl.load(W + cols, mask=mask, other=0.0).to(ACC)
-        b = tl.load(B + cols, mask=mask, other=0.0).to(ACC)
-        y = xc * rstd * w + b
-        tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
-        tl.store(Mean + row, mean)
-        tl.store(Rstd + row, rstd)
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)
+        b = tl.load(B + cols, mask=col_ok, other=0.0).to(ACC)
+        y = xc * rstd[:, None] * w[None, :] + b[None, :]
+        tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(Mean + rows, mean, mask=row_ok)
+        tl.store(Rstd + rows, rstd, mask=row_ok)
 
     @triton.jit
     def layer_norm_bwd_kernel(DY, X, W, Mean, Rstd, DX, DW, DB, stride_dy, stride_x, stride_dx,
-            M, N, rows_per_program, BLOCK_N: tl.constexpr, ACC: tl.constexpr):
+            M, N, BLOCK_N: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr):
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_N)
-        mask = cols < N
-        w = tl.load(W + cols, mask=mask, other=0.0).to(ACC)
+        col_ok = cols < N
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)
         dw = tl.zeros((BLOCK_N,), dtype=ACC)
         db = tl.zeros((BLOCK_N,), dtype=ACC)
-        row_start = pid.to(tl.int64) * rows_per_program
-        row_end = tl.minimum(row_start + rows_per_program, M)
-        for row in range(row_start, row_end):
-            x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(ACC)
-            dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(ACC)
-            mean = tl.load(Mean + row)
-            rstd = tl.load(Rstd + row)
-            xhat = tl.where(mask, (x - mean) * rstd, 0.0)
-            wdy = w * dy
+        # Row tiles pid, pid + P, ...: the (P, N) partial-sum buffer does not
+        # depend on the autotuned BLOCK_M.
+        for start in range(pid * BLOCK_M, M, tl.num_programs(0) * BLOCK_M):
+            rows = (start + tl.arange(0, BLOCK_M)).to(tl.int64)
+            row_ok = rows < M
+            mask = row_ok[:, None] & col_ok[None, :]
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(ACC)
+            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(ACC)
+            mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
+            rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+            wdy = w[None, :] * dy
             # dx = rstd * (w*dy - mean(w*dy) - xhat * mean(xhat*w*dy))
-            c1 = tl.sum(xhat * wdy, axis=0) / N
-            c2 = tl.sum(wdy, axis=0) / N
-            dx = (wdy - (xhat * c1 + c2)) * rstd
-            tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-            dw += dy * xhat
-            db += dy
-        tl.store(DW + pid * N + cols, dw, mask=mask)
-        tl.store(DB + pid * N + cols, db, mask=mask)
+            c1 = tl.sum(xhat * wdy, axis=1) / N
+            c2 = tl.sum(wdy, axis=1) / N
+            dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
+                     mask=mask)
+            dw += tl.sum(dy * xhat, axis=0)
+            db += tl.sum(dy, axis=0)
+        tl.store(DW + pid * N + cols, dw, mask=col_ok)
+        tl.store(DB + pid * N + cols, db, mask=col_ok)
 
+    prune = {"early_config_prune": _prune}
     return SimpleNamespace(
-        fwd=maybe_autotune(layer_norm_fwd_kernel, _configs(), ["N"], interpret),
-        bwd=maybe_autotune(layer_norm_bwd_kernel, _configs(), ["N"], interpret),
+        fwd=maybe_autotune(layer_norm_fwd_kernel, _configs(), ["N"], interpret,
+                           prune_configs_by=prune),
+        bwd=maybe_autotune(layer_norm_bwd_kernel, _configs(), ["N"], interpret,
+                           prune_configs_by=prune),
     )
 
 
@@ -109,8 +136,9 @@ def layer_norm_fwd(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple
     if m == 0:
         return y, mean, rstd
     kern = _triton_kernels(interpreting())
-    launch(kern.fwd, (m,), x, y, weight, bias, mean, rstd, x.stride(0), y.stride(0), n, eps,
-           BLOCK_N=_block_n(x), ACC=acc_dtype(x.dtype), interp_meta={})
+    grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)  # noqa: E731
+    launch(kern.fwd, grid, x, y, weight, bias, mean, rstd, x.stride(0), y.stride(0), m, n, eps,
+           BLOCK_N=_block_n(x), ACC=acc_dtype(x.dtype), interp_meta=INTERPRET_META)
     return y, mean, rstd
 
 
@@ -129,11 +157,10 @@ def layer_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
     part_w = x.new_zeros((programs, n), dtype=mean.dtype)
     part_b = torch.zeros_like(part_w)
     if m > 0:
-        rows_per_program = triton.cdiv(m, programs)
         kern = _triton_kernels(interpreting())
         launch(kern.bwd, (programs,), dy, x, weight, mean, rstd, dx, part_w, part_b,
-               dy.stride(0), x.stride(0), dx.stride(0), m, n, rows_per_program,
-               BLOCK_N=_block_n(x), ACC=acc_dtype(x.dtype), interp_meta={})
+               dy.stride(0), x.stride(0), dx.stride(0), m, n,
+               BLOCK_N=_block_n(x), ACC=acc_dtype(x.dtype), interp_meta=INTERPRET_META)
     return dx, part_w.sum(0).to(weight.dtype), part_b.sum(0).to(weight.dtype)
 
 

@@ -32,13 +32,14 @@ def swiglu_torch(a: Tensor, b: Tensor) -> Tensor:
 def _configs():
     # Elementwise and memory-bound: wide column tiles for coalescing, a few
     # rows per program; warps scale with the tile.
+    # The first is the default when autotuning is off.
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w)
-            for bm, bn in ((1, 1024), (4, 256), (8, 256), (16, 128), (32, 128), (8, 512))
-            for w in (4, 8)]
+            for bm, bn, w in ((8, 256, 4), (4, 512, 4), (8, 512, 8), (16, 256, 8), (1, 1024, 4),
+                              (32, 128, 4), (16, 128, 4), (4, 256, 4))]
 
 
 def _flat_configs():
-    return [triton.Config({"BLOCK": b}, num_warps=w) for b in (1024, 2048, 4096) for w in (4, 8)]
+    return [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((2048, 8), (1024, 4), (4096, 8))]
 
 
 @functools.cache

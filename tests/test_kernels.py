@@ -79,20 +79,61 @@ def test_torch_and_cpu_auto_paths_are_the_builtin_ops(impl):
                        F.cross_entropy(F.linear(t.x[0, :5], w), t.target[:5]))
 
 
-def test_auto_on_cuda_keeps_builtin_path_until_measured():
-    # No GPU measurements exist yet, so every op must dispatch to torch on CUDA.
-    fake_cuda = SimpleNamespace(is_cuda=True)
-    assert kernels._CUDA_TRITON_WINS == {}
-    for op in kernels.OPS + kernels.EXTRA_OPS:
-        assert kernels._resolve(op, "auto", fake_cuda) == "torch"
+def _fake_cuda(*shape, dtype=torch.bfloat16):
+    return SimpleNamespace(is_cuda=True, shape=shape, dtype=dtype, device=SimpleNamespace(index=0))
 
 
-def test_auto_uses_triton_where_a_win_is_registered(monkeypatch):
-    fake_cuda = SimpleNamespace(is_cuda=True, shape=(8, 4096))
-    monkeypatch.setitem(kernels._CUDA_TRITON_WINS, "layer_norm", lambda x: x.shape[-1] >= 4096)
-    assert kernels._resolve("layer_norm", "auto", fake_cuda) == "triton"
-    assert kernels._resolve("layer_norm", "auto", SimpleNamespace(is_cuda=True, shape=(8, 768))) == "torch"
-    assert kernels._resolve("layer_norm", "auto", SimpleNamespace(is_cuda=False, shape=(8, 4096))) == "torch"
+def _fake_table(tmp_path, entries):
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"entries": entries}))
+    return path
+
+
+def test_auto_on_cuda_uses_triton_only_where_the_table_records_a_win(tmp_path, monkeypatch):
+    entries = [
+        {"gpu": "Fake GPU X1", "op": "layer_norm", "dtype": "bf16", "bucket": "n4096", "impl": "triton"},
+        {"gpu": "Fake GPU X1", "op": "layer_norm", "dtype": "bf16", "bucket": "n1024", "impl": "torch"},
+        {"gpu": "Fake GPU X1", "op": "attention", "dtype": "bf16", "bucket": "d64-s1024-causal",
+         "impl": "triton"},
+        {"gpu": "Fake GPU X1", "op": "cross_entropy", "dtype": "bf16", "bucket": "v65536", "impl": "triton"},
+    ]
+    monkeypatch.setenv("KERNELS_DISPATCH_TABLE", str(_fake_table(tmp_path, entries)))
+    monkeypatch.setattr(kernels.dispatch, "gpu_name", lambda index: "Fake GPU X1")
+    resolve = kernels.resolve
+    x = _fake_cuda(8, 3000)  # 3000 rounds up to the measured 4096 bucket
+    assert resolve("layer_norm", "auto", x, dim=3000) == "triton"
+    assert resolve("layer_norm", "auto", _fake_cuda(8, 768), dim=768) == "torch"  # measured: torch won
+    assert resolve("layer_norm", "auto", _fake_cuda(8, 8192), dim=8192) == "torch"  # not measured
+    assert resolve("layer_norm", "auto", _fake_cuda(8, 3000, dtype=torch.float32), dim=3000) == "torch"
+    q = _fake_cuda(8, 12, 1000, 64)
+    assert resolve("attention", "auto", q, q, q, head_dim=64, seq=1000, causal=True) == "triton"
+    assert resolve("attention", "auto", q, q, q, head_dim=64, seq=1000, causal=False) == "torch"
+    logits = _fake_cuda(16384, 50257)
+    assert resolve("cross_entropy", "auto", logits, vocab=50257) == "triton"
+    assert resolve("bias_gelu", "auto", x, x, dim=3000) == "torch"  # op not in the table
+    # the same table on another GPU, and CPU tensors, keep the built-in ops
+    monkeypatch.setattr(kernels.dispatch, "gpu_name", lambda index: "Fake GPU Y2")
+    assert resolve("layer_norm", "auto", x, dim=3000) == "torch"
+    cpu = SimpleNamespace(is_cuda=False, shape=(8, 3000), dtype=torch.bfloat16)
+    assert resolve("layer_norm", "auto", cpu, dim=3000) == "torch"
+
+
+def test_auto_without_a_table_is_the_builtin_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELS_DISPATCH_TABLE", str(tmp_path / "missing.json"))
+    monkeypatch.setattr(kernels.dispatch, "gpu_name", lambda index: "Fake GPU X1")
+    for op, dims in (("layer_norm", dict(dim=768)), ("bias_gelu", dict(dim=3072)),
+                     ("cross_entropy", dict(vocab=50257)),
+                     ("attention", dict(head_dim=64, seq=197, causal=False))):
+        assert kernels.resolve(op, "auto", _fake_cuda(8, 768), **dims) == "torch"
+
+
+def test_committed_table_is_well_formed():
+    # Every entry names a known op, dtype and a bucket that shape_bucket can produce.
+    table = json.loads((REPO / "kernels" / "dispatch_table.json").read_text())
+    for e in table["entries"]:
+        assert e["op"] in kernels.OPS + kernels.EXTRA_OPS and e["impl"] in ("triton", "torch")
+        assert e["dtype"] in kernels.dispatch.DTYPE_NAMES.values() and e["gpu"]
+        assert e["bucket"] == kernels.dispatch.shape_bucket(e["op"], **e["dims"]), e
 
 
 # --- custom ops and torch.compile -------------------------------------------
@@ -293,3 +334,32 @@ def test_bench_report_helpers(tmp_path):
     assert "| attention | gpt2-s b8 | fwd+bwd | 2.000 | 3.000 | 1.000 | - | 1.500 | 0.500 | - |" in md
     assert "Triton beats every baseline (fwd+bwd) at: none" in md
     assert bench.git_commit() == "uncommitted" or len(bench.git_commit()) == 40
+
+
+def test_bench_writes_the_dispatch_table_from_results(tmp_path):
+    bench = _bench_module()
+    meta = dict(gpu="Fake GPU X1", date="2026-01-02T00:00:00+00:00", torch="2.x", triton="3.x",
+                cuda="13.0", commit="abc", dtype="bf16", command="python bench/kernels.py")
+
+    def row(op, case, params, triton, eager, compile_, graph=None):
+        graph = graph or {"triton": triton, "eager": eager, "compile": compile_}
+        return {"op": op, "case": case, "mode": "fwd+bwd", "params": params,
+                "ms": {"triton": triton, "eager": eager, "compile": compile_}, "graph_ms": graph}
+
+    results = [
+        row("layer_norm", "dim4096", {"rows": 8192, "dim": 4096}, 1.0, 2.0, 1.5),  # wins both ways
+        row("layer_norm", "gpt2-s b8", {"rows": 8192, "dim": 768}, 1.0, 2.0, 0.99),  # loses to compile
+        row("bias_gelu", "vit-b b64", {"rows": 64, "dim": 3072}, 1.0, 2.0, 2.0,  # wins only with host
+            graph={"triton": 1.0, "eager": 1.02, "compile": 2.0}),  # overhead: within the margin
+        row("cross_entropy", "gpt2-s b8", {"rows": 8192, "vocab": 50257}, 1.0, 3.0, 2.5),
+        {**row("layer_norm", "dim4096", {"rows": 8192, "dim": 4096}, 9.0, 1.0, 1.0), "mode": "fwd"},
+    ]
+    results_file = tmp_path / "kernels-fake.json"
+    results_file.write_text(json.dumps({"meta": meta, "results": results}))
+    table = bench.write_table([results_file], tmp_path / "table.json")
+    assert json.loads((tmp_path / "table.json").read_text()) == table
+    chosen = {(e["op"], e["bucket"]): e["impl"] for e in table["entries"]}
+    assert chosen == {("layer_norm", "n4096"): "triton", ("layer_norm", "n1024"): "torch",
+                      ("bias_gelu", "n4096"): "torch", ("cross_entropy", "v65536"): "triton"}
+    assert all(e["gpu"] == "Fake GPU X1" and e["dtype"] == "bf16" for e in table["entries"])
+    assert table["sources"][0]["commit"] == "abc"

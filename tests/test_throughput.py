@@ -105,9 +105,12 @@ def test_gpu_benchmark_dry_run_covers_the_whole_path_on_tiny_shapes(tmp_path):
     assert {"device", "triton", "commit", "date", "command"} <= set(prov)
     results = {(r["model"], r["mode"]): r for r in report["results"]}
     assert set(results) == {(m, mode) for m in ("vit_b16", "gpt2_small")
-                            for mode in ("eager", "compile", "compile+fp8")}
+                            for mode in ("eager", "compile", "compile+fp8", "compile+triton")}
     for (model, mode), r in results.items():
         assert r["samples_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None
+        assert r["kernels"] == ("auto" if mode != "compile+triton" else
+                                {op: "triton" for op in ("attention", "layer_norm", "cross_entropy",
+                                                         "bias_gelu")})
         assert (r["compile_s"] is None) == (mode == "eager")
         assert (r["tokens_per_s"] is not None) == (model == "gpt2_small")
     assert "| vit_micro | compile+fp8 |" in report_file.with_suffix(".md").read_text()

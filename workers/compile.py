@@ -7,6 +7,9 @@ FSDP2's per-block all-gathers stay outside the compiled graphs. Convolutional mo
 model instead, which also fuses the stem and head. `nn.Module.compile` compiles in place,
 so parameter names (and checkpoints) do not change.
 
+The built-in loss is compiled too (`builtin_loss`); the Triton cross-entropy is not (it
+writes the gradient into the logits in place, which a compiled graph would copy).
+
 Compilation happens lazily on the first step; the trainer reports that step's time
 separately (`compile_s`) and leaves it out of the throughput.
 
@@ -18,8 +21,12 @@ from __future__ import annotations
 
 import os
 
+import functools
+
+import torch
 from torch import nn
 
+import kernels
 from orchestrator.spec import JobSpec
 
 TRANSFORMER_FAMILIES = {"vit", "gpt"}
@@ -39,3 +46,11 @@ def apply(model: nn.Module, spec: JobSpec) -> str:
         return "blocks"
     model.compile(backend=backend())
     return "model"
+
+
+def builtin_loss(spec: JobSpec):
+    """The built-in cross-entropy, compiled with the model when it is: inductor fuses the
+    upcast, log-softmax and loss into a pass or two over the logits (eager makes an fp32
+    copy of the logits and several full passes over it)."""
+    loss = functools.partial(kernels.cross_entropy, impl="torch")
+    return torch.compile(loss, backend=backend()) if spec.precision.compile else loss

@@ -22,7 +22,7 @@ from torch import nn
 
 import kernels
 from orchestrator.spec import JobSpec
-from workers import checkpoint, data, models, storage, throughput
+from workers import checkpoint, compile as compile_, data, models, storage, throughput
 from workers.context import RunContext
 from workers.loader import Layout, TrainBatches, eval_batches
 from workers.optim import build_optimizer, build_scheduler
@@ -73,6 +73,7 @@ class Trainer:
                                     pin_memory=self.device.type == "cuda")
         self.total_steps = spec.train.steps or spec.train.epochs * self.batches.steps_per_epoch
         self.optimizer = build_optimizer(self.model, spec.optimizer)
+        self.builtin_loss = compile_.builtin_loss(spec)
         self.scheduler = build_scheduler(self.optimizer, spec.scheduler, self.total_steps)
         self.precision = Precision(spec.precision, self.device, strategy=spec.parallel.strategy)
         self.meter = throughput.Meter(
@@ -87,9 +88,15 @@ class Trainer:
     # -- loss and evaluation ------------------------------------------------------------
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-        return kernels.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                                     label_smoothing=label_smoothing,
-                                     impl=self.spec.kernels.cross_entropy)
+        """Mean cross-entropy in fp32, from logits of any precision (never copied to fp32 first)."""
+        logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+        impl = kernels.resolve("cross_entropy", self.spec.kernels.cross_entropy, logits,
+                               vocab=logits.shape[-1])
+        if impl == "triton":
+            # the logits are dead after the loss: their memory takes the gradient
+            return kernels.cross_entropy(logits, target, label_smoothing, impl="triton",
+                                         inplace_backward=True)
+        return self.builtin_loss(logits, target, label_smoothing)
 
     @torch.no_grad()
     def evaluate(self) -> dict:

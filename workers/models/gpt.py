@@ -24,6 +24,10 @@ class Config:
     n_embd: int = 768
     bias: bool = True
     dropout: float = 0.0
+    # rows of the token embedding / lm_head rounded up to a multiple of this (llm.c and
+    # nanoGPT pad GPT-2's 50257 to 50304): matmuls with an aligned width run faster; the
+    # extra rows are never an input token, and their logits are sliced off before the loss
+    vocab_multiple: int = 1
     kernels: dict[str, str] = field(default_factory=dict)
 
 
@@ -40,6 +44,8 @@ PRESETS: dict[str, dict] = {
 def validate(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.n_embd % cfg.n_head:
         return [(("n_head", "n_embd"), f"n_embd {cfg.n_embd} is not divisible by n_head {cfg.n_head}")]
+    if cfg.vocab_multiple < 1:
+        return [(("vocab_multiple",), f"must be >= 1, got {cfg.vocab_multiple}")]
     return []
 
 
@@ -47,7 +53,8 @@ class GPT(nn.Module):
     def __init__(self, config: Config):
         super().__init__()
         self.config = c = config
-        self.wte = nn.Embedding(c.vocab_size, c.n_embd)
+        rows = -(-c.vocab_size // c.vocab_multiple) * c.vocab_multiple
+        self.wte = nn.Embedding(rows, c.n_embd)
         self.wpe = nn.Embedding(c.block_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
@@ -55,7 +62,7 @@ class GPT(nn.Module):
                   kernels=c.kernels)
             for _ in range(c.n_layer))
         self.ln_f = LayerNorm(c.n_embd, bias=c.bias, impl=c.kernels.get("layer_norm", "auto"))
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.lm_head = nn.Linear(c.n_embd, rows, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
         self._init_weights()
 
@@ -80,7 +87,10 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        logits = self.lm_head(self.ln_f(x))
+        if logits.shape[-1] != self.config.vocab_size:  # padded rows: no class of the data
+            logits = logits[..., :self.config.vocab_size]
+        return logits
 
 
 Model = GPT
