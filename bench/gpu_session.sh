@@ -53,7 +53,7 @@ print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))
 import kernels, workers.trainer, orchestrator.spec, torchao, pydantic
 print(\"torchao\", torchao.__version__, \"pydantic\", pydantic.__version__)"; git log -1 --format="%H %cd" 2>/dev/null || true' ;;
     tests) stage tests "$limit" env KERNELS_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider \
-             -n 6 tests/gpu/test_kernels_cuda.py ;;
+             -n 6 tests/gpu/test_kernels_cuda.py ${TESTS_ARGS:-} ;;
     parity) stage parity "$limit" python3 -m pytest -m gpu -q -s -p no:cacheprovider \
               tests/gpu/test_training_parity_cuda.py ;;
     train) stage train "$limit" python3 bench/gpu_train.py --loader 8 ${TRAIN_ARGS:-} ;;

@@ -66,15 +66,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale=None,
 
 def cross_entropy(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
                   ignore_index: int = -100, impl: str = "auto",
-                  inplace_backward: bool = False) -> Tensor:
+                  inplace_backward: bool = False, classes: int | None = None) -> Tensor:
     """Mean cross-entropy over non-ignored rows; logits (N, V) or (B, T, V).
     The loss is fp32 for 16-bit logits, as under autocast.  With
     ``inplace_backward`` the Triton path overwrites ``logits`` with their
     gradient during the forward (no (N, V) allocation at all): for callers that
-    do not read the logits after the loss, like the training loop."""
-    if resolve("cross_entropy", impl, logits, vocab=logits.shape[-1]) == "triton":
-        return cross_entropy_triton(logits, target, label_smoothing, ignore_index, inplace_backward)
-    return cross_entropy_torch(logits, target, label_smoothing, ignore_index)
+    do not read the logits after the loss, like the training loop.  ``classes``:
+    only the first that many columns are classes (the rest are padding, e.g. a
+    vocabulary rounded up to a multiple of 64, and get a zero gradient)."""
+    vocab = logits.shape[-1] if classes is None else classes
+    if resolve("cross_entropy", impl, logits, vocab=vocab) == "triton":
+        return cross_entropy_triton(logits, target, label_smoothing, ignore_index, inplace_backward,
+                                    classes)
+    return cross_entropy_torch(logits, target, label_smoothing, ignore_index, classes)
 
 
 def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias=None,

@@ -33,9 +33,11 @@ INTERPRET_META = {"BLOCK_V": 16}  # small chunks: several per row even for tiny 
 
 
 def cross_entropy_torch(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
-                        ignore_index: int = -100) -> Tensor:
+                        ignore_index: int = -100, classes: int | None = None) -> Tensor:
     """Reference path: the built-in op on (N, V) rows.  16-bit logits are upcast
     first, as autocast does for F.cross_entropy, so the loss is fp32."""
+    if classes is not None and classes != logits.shape[-1]:
+        logits = logits[..., :classes]
     if logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
@@ -136,9 +138,11 @@ def _acc_torch(dtype: torch.dtype) -> torch.dtype:
 
 
 def _ce_rows(logits: Tensor, target: Tensor, loss_rows: Tensor, lse: Tensor, grad_scale: Tensor,
-             smoothing: float, ignore_index: int, write_grad: bool) -> None:
-    """Launch the row kernel on a (rows, V) block; optionally grad in place."""
+             smoothing: float, ignore_index: int, write_grad: bool, classes: int | None = None) -> None:
+    """Launch the row kernel on a (rows, V) block; optionally grad in place.  Only the
+    first ``classes`` columns are read (and written)."""
     rows, vocab = logits.shape
+    vocab = vocab if classes is None else classes
     if rows == 0:
         return
     launch(_triton_kernels(interpreting()).fwd, (rows,), logits, target, loss_rows, lse,
@@ -150,38 +154,42 @@ def _ce_rows(logits: Tensor, target: Tensor, loss_rows: Tensor, lse: Tensor, gra
 
 @torch.library.custom_op(f"{NAMESPACE}::cross_entropy_fwd", mutates_args=())
 def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float,
-                      ignore_index: int) -> tuple[Tensor, Tensor]:
+                      ignore_index: int, classes: int) -> tuple[Tensor, Tensor]:
     acc = _acc_torch(logits.dtype)
     loss_rows = logits.new_empty(logits.shape[:1], dtype=acc)
     lse = torch.empty_like(loss_rows)
-    _ce_rows(logits, target, loss_rows, lse, lse, label_smoothing, ignore_index, write_grad=False)
+    _ce_rows(logits, target, loss_rows, lse, lse, label_smoothing, ignore_index, write_grad=False,
+             classes=classes)
     n_valid = (target != ignore_index).sum()
     # 0/0 -> nan when every target is ignored, exactly like F.cross_entropy.
     return loss_rows.sum() / n_valid, lse
 
 
 @cross_entropy_fwd.register_fake
-def _(logits, target, label_smoothing, ignore_index):
+def _(logits, target, label_smoothing, ignore_index, classes):
     acc = _acc_torch(logits.dtype)
     return logits.new_empty((), dtype=acc), logits.new_empty(logits.shape[:1], dtype=acc)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::cross_entropy_fwd_inplace", mutates_args=("logits",))
 def cross_entropy_fwd_inplace(logits: Tensor, target: Tensor, label_smoothing: float,
-                              ignore_index: int) -> Tensor:
-    """The loss, with ``logits`` overwritten by d(loss)/d(logits) (Liger-Kernel's scheme)."""
+                              ignore_index: int, classes: int) -> Tensor:
+    """The loss, with ``logits`` overwritten by d(loss)/d(logits) (Liger-Kernel's scheme);
+    columns past ``classes`` (padding) get a zero gradient."""
     acc = _acc_torch(logits.dtype)
     loss_rows = logits.new_empty(logits.shape[:1], dtype=acc)
     lse = torch.empty_like(loss_rows)
     n_valid = (target != ignore_index).sum()
     grad_scale = torch.where(n_valid > 0, 1.0 / n_valid.to(acc), 0.0).to(acc).reshape(1)
     _ce_rows(logits, target, loss_rows, lse, grad_scale, label_smoothing, ignore_index,
-             write_grad=True)
+             write_grad=True, classes=classes)
+    if classes < logits.shape[1]:
+        logits[:, classes:].zero_()
     return loss_rows.sum() / n_valid
 
 
 @cross_entropy_fwd_inplace.register_fake
-def _(logits, target, label_smoothing, ignore_index):
+def _(logits, target, label_smoothing, ignore_index, classes):
     return logits.new_empty((), dtype=_acc_torch(logits.dtype))
 
 
@@ -200,9 +208,11 @@ def _(x, scale):
 
 @torch.library.custom_op(f"{NAMESPACE}::cross_entropy_bwd", mutates_args=())
 def cross_entropy_bwd(grad: Tensor, logits: Tensor, target: Tensor, lse: Tensor,
-                      label_smoothing: float, ignore_index: int) -> Tensor:
-    rows, vocab = logits.shape
+                      label_smoothing: float, ignore_index: int, classes: int) -> Tensor:
+    rows, vocab = logits.shape[0], classes
     dlogits = torch.empty_like(logits)
+    if classes < logits.shape[1]:  # padding columns: no class, no gradient
+        dlogits[:, classes:].zero_()
     if rows == 0:
         return dlogits
     # d(mean)/d(row) as a device scalar: no host sync.  Ignored rows get 0 in
@@ -215,23 +225,24 @@ def cross_entropy_bwd(grad: Tensor, logits: Tensor, target: Tensor, lse: Tensor,
 
 
 @cross_entropy_bwd.register_fake
-def _(grad, logits, target, lse, label_smoothing, ignore_index):
+def _(grad, logits, target, lse, label_smoothing, ignore_index, classes):
     return torch.empty_like(logits)
 
 
 class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, target, label_smoothing, ignore_index):
-        loss, lse = cross_entropy_fwd(logits, target, label_smoothing, ignore_index)
+    def forward(ctx, logits, target, label_smoothing, ignore_index, classes):
+        loss, lse = cross_entropy_fwd(logits, target, label_smoothing, ignore_index, classes)
         ctx.save_for_backward(logits, target, lse)
-        ctx.smoothing, ctx.ignore_index = label_smoothing, ignore_index
+        ctx.smoothing, ctx.ignore_index, ctx.classes = label_smoothing, ignore_index, classes
         return loss
 
     @staticmethod
     def backward(ctx, grad):
         logits, target, lse = ctx.saved_tensors
-        dlogits = cross_entropy_bwd(grad, logits, target, lse, ctx.smoothing, ctx.ignore_index)
-        return dlogits, None, None, None
+        dlogits = cross_entropy_bwd(grad, logits, target, lse, ctx.smoothing, ctx.ignore_index,
+                                    ctx.classes)
+        return dlogits, None, None, None, None
 
 
 def _rows(logits: Tensor, target: Tensor, name: str):
@@ -250,8 +261,8 @@ class CrossEntropyInplaceFunction(torch.autograd.Function):
     No (N, V) tensor is allocated at all, in forward or backward."""
 
     @staticmethod
-    def forward(ctx, logits, target, label_smoothing, ignore_index):
-        loss = cross_entropy_fwd_inplace(logits, target, label_smoothing, ignore_index)
+    def forward(ctx, logits, target, label_smoothing, ignore_index, classes):
+        loss = cross_entropy_fwd_inplace(logits, target, label_smoothing, ignore_index, classes)
         ctx.save_for_backward(logits)  # now the gradient of the mean loss
         return loss
 
@@ -259,13 +270,17 @@ class CrossEntropyInplaceFunction(torch.autograd.Function):
     def backward(ctx, grad):
         (dlogits,) = ctx.saved_tensors
         scale_(dlogits, grad)
-        return dlogits, None, None, None
+        return dlogits, None, None, None, None
 
 
 def cross_entropy_triton(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
-                         ignore_index: int = -100, inplace_backward: bool = False) -> Tensor:
+                         ignore_index: int = -100, inplace_backward: bool = False,
+                         classes: int | None = None) -> Tensor:
     logits, target = _rows(logits, target, "cross_entropy")
-    args = (logits, target, float(label_smoothing), int(ignore_index))
+    classes = logits.shape[1] if classes is None else int(classes)
+    if not 0 < classes <= logits.shape[1]:
+        raise ValueError(f"kernels.cross_entropy: classes must be in [1, {logits.shape[1]}], got {classes}")
+    args = (logits, target, float(label_smoothing), int(ignore_index), classes)
     if inplace_backward and logits.requires_grad and torch.is_grad_enabled():
         return CrossEntropyInplaceFunction.apply(*args)
     return CrossEntropyFunction.apply(*args)

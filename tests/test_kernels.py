@@ -144,15 +144,19 @@ def _custom_op_cases():
     t = _op_inputs()
     x2 = t.x.reshape(-1, 24)
     o, lse = at.attention_fwd(t.q, t.k, t.v, True, 0.25)
-    _, ce_lse = ce.cross_entropy_fwd(t.logits, t.target, 0.1, -100)
+    _, ce_lse = ce.cross_entropy_fwd(t.logits, t.target, 0.1, -100, 30)
     hidden, weight = torch.randn(7, 16), torch.randn(30, 16)
     return [
         (ln.layer_norm_fwd, (x2, t.w, t.b, 1e-5)),
         (ln.layer_norm_bwd, (x2, x2, t.w, torch.randn(10), torch.rand(10))),
         (at.attention_fwd, (t.q, t.k, t.v, False, 0.25)),
         (at.attention_bwd, (t.q, t.q, t.k, t.v, o, lse, True, 0.25)),
-        (ce.cross_entropy_fwd, (t.logits, t.target, 0.1, -100)),
-        (ce.cross_entropy_bwd, (torch.tensor(2.0), t.logits, t.target, ce_lse, 0.1, -100)),
+        (ce.cross_entropy_fwd, (t.logits, t.target, 0.1, -100, 30)),
+        (ce.cross_entropy_fwd, (t.logits, t.target.clamp(max=24), 0.0, -100, 25)),  # 5 padding columns
+        (ce.cross_entropy_bwd, (torch.tensor(2.0), t.logits, t.target, ce_lse, 0.1, -100, 30)),
+        (ce.cross_entropy_bwd, (torch.tensor(2.0), t.logits, t.target.clamp(max=24), ce_lse, 0.1, -100, 25)),
+        (ce.cross_entropy_fwd_inplace, (t.logits.clone(), t.target.clamp(max=24), 0.1, -100, 25)),
+        (ce.scale_, (torch.randn(5, 3), torch.tensor(2.0))),
         (ce.fused_linear_cross_entropy_fwd, (hidden, weight, t.target, torch.randn(30), 0.1, -100, 3)),
         (ce.fused_linear_cross_entropy_fwd, (hidden, weight, t.target, None, 0.0, -100, 3)),
         (mlp.bias_gelu_fwd, (x2, t.b)),
@@ -166,7 +170,7 @@ def test_custom_ops_pass_opcheck(interpret):
     # Schema, fake (meta) kernels vs real outputs, and AOT dispatch: what
     # torch.compile relies on.
     cases = _custom_op_cases()
-    assert len({op._qualname for op, _ in cases}) == 11
+    assert len({op._qualname for op, _ in cases}) == 13
     for op, args in cases:
         result = torch.library.opcheck(op, args)
         assert set(result.values()) == {"SUCCESS"}, (op, result)
@@ -296,7 +300,7 @@ def test_every_kernel_compiles_for_hopper():
         "layer_norm_fwd_kernel", "layer_norm_bwd_kernel", "attn_fwd_kernel",
         "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel",
         "cross_entropy_fwd_kernel", "cross_entropy_bwd_kernel", "bias_gelu_fwd_kernel",
-        "bias_gelu_bwd_kernel", "swiglu_fwd_kernel", "swiglu_bwd_kernel"}
+        "bias_gelu_bwd_kernel", "swiglu_fwd_kernel", "swiglu_bwd_kernel", "scale_kernel"}
     assert all(r["dtype"] == "torch.bfloat16" and r["fits_hopper_smem"] for r in records)
 
 
@@ -344,7 +348,7 @@ def test_bench_writes_the_dispatch_table_from_results(tmp_path):
     def row(op, case, params, triton, eager, compile_, graph=None):
         graph = graph or {"triton": triton, "eager": eager, "compile": compile_}
         return {"op": op, "case": case, "mode": "fwd+bwd", "params": params,
-                "ms": {"triton": triton, "eager": eager, "compile": compile_}, "graph_ms": graph}
+                "ms": {"triton": triton, "eager": eager, "compile": compile_}, "kernel_ms": graph}
 
     results = [
         row("layer_norm", "dim4096", {"rows": 8192, "dim": 4096}, 1.0, 2.0, 1.5),  # wins both ways

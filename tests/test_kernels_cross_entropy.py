@@ -130,3 +130,33 @@ def test_fused_linear_gradcheck_float64():
         lambda h, w, b: kernels.fused_linear_cross_entropy(h, w, target, b, 0.1, impl="triton",
                                                            chunk_size=4),
         (hidden, weight, b), fast_mode=True)
+
+
+@pytest.mark.parametrize("inplace", [False, True], ids=["recompute", "inplace"])
+def test_padding_columns_are_no_class_and_get_zero_gradient(inplace):
+    # A vocabulary padded to a multiple of 64: the loss sees only the first `classes`
+    # columns, and the padding columns' gradient is exactly zero.
+    torch.manual_seed(11)
+    base = torch.randn(9, 30, requires_grad=True)
+    target = torch.tensor([0, 24, 3, -100, 7, 24, 1, 2, 11])
+    logits = base * 1  # owned by the loss (the in-place variant writes into it)
+    loss = kernels.cross_entropy(logits, target, 0.1, impl="triton", inplace_backward=inplace, classes=25)
+    (grad,) = torch.autograd.grad(loss, base)
+    ref = F.cross_entropy(base[:, :25], target, label_smoothing=0.1)
+    (ref_grad,) = torch.autograd.grad(ref, base)
+    torch.testing.assert_close(loss, ref, **TOL)
+    torch.testing.assert_close(grad, ref_grad, **TOL)
+    assert not grad[:, 25:].any()
+    torch.testing.assert_close(kernels.cross_entropy(base, target, 0.1, impl="torch", classes=25), ref)
+
+
+def test_training_loop_takes_the_loss_on_the_padded_buffer():
+    from workers.trainer import padded_logits
+
+    buffer = torch.randn(2, 5, 64, requires_grad=True) * 1
+    logits = buffer[..., :50]  # what a model with a padded vocabulary returns
+    base, classes = padded_logits(logits)
+    assert base is buffer and classes == 50
+    plain = torch.randn(2, 5, 50)
+    assert padded_logits(plain) == (plain, 50)
+    assert padded_logits(buffer[:1])[0] is not buffer  # other views are left alone

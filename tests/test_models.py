@@ -41,12 +41,25 @@ ALL_PRESETS = [(f, p) for f in models.FAMILIES for p in models.presets(f)]
     ("vit", "vit_base", 86_567_656),
     ("resnet", "resnet50", 25_557_032),  # torchvision resnet50
     ("resnet", "seresnet50", 28_088_024),  # timm seresnet50
-    ("gpt", "gpt2_small", 124_439_808),  # GPT-2 124M, tied lm_head counted once
+    # GPT-2 124M (tied lm_head counted once), its vocabulary rows padded 50257 -> 50304
+    ("gpt", "gpt2_small", 124_439_808 + 47 * 768),
 ])
 def test_exact_parameter_counts(family, preset, expected):
     with torch.device("meta"):
         model = build(family, preset)
     assert n_params(model) == expected
+
+
+def test_gpt2_without_vocabulary_padding_is_exactly_gpt2_and_padding_never_shows():
+    with torch.device("meta"):
+        exact = models.build(SimpleNamespace(family="gpt", preset="gpt2_small",
+                                             overrides={"vocab_multiple": 1}))
+    assert n_params(exact) == 124_439_808
+    model = models.build(SimpleNamespace(family="gpt", preset="gpt_nano", overrides={"vocab_multiple": 64}),
+                         token_info(vocab=65, seq_len=16))
+    assert model.wte.weight.shape[0] == 128  # 65 rounded up
+    logits = model(torch.randint(65, (2, 16)))
+    assert logits.shape == (2, 16, 65)  # the padding columns are never a class
 
 
 def test_gpt_lm_head_is_tied():
@@ -259,7 +272,7 @@ def test_catalog_covers_every_preset_with_exact_counts():
     by_name = {r["preset"]: r for r in rows}
     assert by_name["vit_b16"]["params"] == 86_567_656
     assert by_name["resnet50"]["params"] == 25_557_032
-    assert by_name["gpt2_small"]["params"] == 124_439_808
+    assert by_name["gpt2_small"]["params"] == 124_439_808 + 47 * 768  # padded vocabulary rows
     assert by_name["vit_b16"]["input"] == "3x224x224, 1000 classes"
     assert by_name["gpt2_small"]["input"] == "seq 1024, vocab 50257"
     # timm: 17.58 GMACs; FLOPs count 2 per multiply-add, attention matmuls included

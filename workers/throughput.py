@@ -83,8 +83,11 @@ def train_flops_per_sample(model_spec: Any, data_info: Any) -> int:
 
     # the plain torch kernels compute the same math and run on meta
     kernels = {op: "torch" for op in kernel_ops.OPS}
+    model_spec = copy.deepcopy(model_spec)
+    if model_spec.family == "gpt":  # padding the vocabulary is no model work: count the real one
+        model_spec.overrides = {**(model_spec.overrides or {}), "vocab_multiple": 1}
     with torch.device("meta"):
-        model = models.build(copy.deepcopy(model_spec), data_info, kernels=kernels)
+        model = models.build(model_spec, data_info, kernels=kernels)
         if getattr(data_info, "kind", "image") == "tokens":
             example = torch.zeros(1, data_info.seq_len, dtype=torch.long)
         else:

@@ -33,6 +33,21 @@ from workers.progress import ProgressReporter
 log = logging.getLogger("workers")
 
 
+def padded_logits(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the tensor to compute the loss on, the number of classes).
+
+    A model with a padded vocabulary (GPT's `vocab_multiple`) returns its logits as the
+    first `vocab_size` columns of a wider buffer. Taking the loss on that buffer, with
+    `classes`, keeps the slice out of the autograd graph: its backward would zero-fill a
+    buffer-sized gradient and copy into it (~2.5 ms a step for GPT-2 small on an H100)."""
+    base = logits._base
+    if (base is not None and base.dim() == logits.dim() and base.shape[:-1] == logits.shape[:-1]
+            and base.shape[-1] > logits.shape[-1] and base.stride() == logits.stride()
+            and base.storage_offset() == logits.storage_offset() and base.dtype == logits.dtype):
+        return base, logits.shape[-1]
+    return logits, logits.shape[-1]
+
+
 class TrainingError(RuntimeError):
     """The run cannot go on (non-finite loss, ...); its last good checkpoint is kept."""
 
@@ -89,14 +104,15 @@ class Trainer:
 
     def loss(self, logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
         """Mean cross-entropy in fp32, from logits of any precision (never copied to fp32 first)."""
+        logits, classes = padded_logits(logits)
         logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
         impl = kernels.resolve("cross_entropy", self.spec.kernels.cross_entropy, logits,
-                               vocab=logits.shape[-1])
+                               vocab=classes)
         if impl == "triton":
             # the logits are dead after the loss: their memory takes the gradient
             return kernels.cross_entropy(logits, target, label_smoothing, impl="triton",
-                                         inplace_backward=True)
-        return self.builtin_loss(logits, target, label_smoothing)
+                                         inplace_backward=True, classes=classes)
+        return self.builtin_loss(logits, target, label_smoothing, classes=classes)
 
     @torch.no_grad()
     def evaluate(self) -> dict:

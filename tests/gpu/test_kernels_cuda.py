@@ -160,6 +160,19 @@ def test_cross_entropy(rows, vocab, smoothing, dtype, inplace):
           (logits, target), dtype)
 
 
+@pytest.mark.parametrize("inplace", [False, True], ids=["recompute", "inplace"])
+def test_cross_entropy_on_a_padded_vocabulary(inplace):
+    # GPT-2's 50257 classes in a buffer padded to 50304 columns, as the training loop passes it
+    torch.manual_seed(2)
+    logits = randn(2048, 50304, dtype=torch.bfloat16, scale=2.0)
+    target = _targets(2048, 50257)
+    got = check(lambda x, t: kernels.cross_entropy(x * 1 if inplace else x, t, 0.1, impl="triton",
+                                                   inplace_backward=inplace, classes=50257),
+                lambda x, t: kernels.cross_entropy(x, t, 0.1, impl="torch", classes=50257),
+                (logits, target), torch.bfloat16)
+    assert not got[1][:, 50257:].any()  # padding columns: no gradient
+
+
 def test_cross_entropy_inplace_overwrites_only_its_input_and_allocates_no_logits():
     torch.manual_seed(0)
     rows, vocab = 8192, 50257

@@ -27,7 +27,7 @@ class Config:
     # rows of the token embedding / lm_head rounded up to a multiple of this (llm.c and
     # nanoGPT pad GPT-2's 50257 to 50304): matmuls with an aligned width run faster; the
     # extra rows are never an input token, and their logits are sliced off before the loss
-    vocab_multiple: int = 1
+    vocab_multiple: int = 64
     kernels: dict[str, str] = field(default_factory=dict)
 
 
