@@ -6,7 +6,8 @@
 #
 # Stages: env (versions, GPU), tests (tests/gpu kernel tests, default configs), parity
 # (tests/gpu training parity, autotuned), profile (bench/gpu_train.py compile mode with
-# kernel profiles, and GPT-2 variants: padded vocabulary, batch 32), train (bench/gpu_train.py, all modes), legacy
+# kernel profiles, and GPT-2 variants: padded vocabulary, batch 32), variants (compile mode
+# at larger batches), train (bench/gpu_train.py, all modes), legacy
 # (bench/gpu_train.py eager and compile, before and after the loop changes), kernels
 # (bench/kernels.py). Extra arguments for a bench stage go in TRAIN_ARGS / KERNELS_ARGS.
 #
@@ -62,6 +63,8 @@ print(\"torchao\", torchao.__version__, \"pydantic\", pydantic.__version__)"; gi
               python3 bench/gpu_train.py $a --models gpt2_small --override gpt2_small.vocab_multiple=64 \
                 --out bench/results/profile/pad64
               python3 bench/gpu_train.py $a --models gpt2_small --batch gpt2_small=32 --out bench/results/profile/b32' ;;
+    variants) stage variants "$limit" python3 bench/gpu_train.py --modes compile --steps 15 --warmup 3 \
+                --batch gpt2_small=32 vit_b16=512 --out bench/results/variants ;;
     legacy) stage legacy "$limit" python3 bench/gpu_train.py --modes eager compile --legacy-loop \
               --out bench/results/legacy ${TRAIN_ARGS:-} ;;
     kernels) stage kernels "$limit" python3 bench/kernels.py ${KERNELS_ARGS:-} ;;

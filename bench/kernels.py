@@ -397,7 +397,11 @@ def write_table(result_files: list, table_path: Path) -> dict:
             else str(path)
         sources.append({"file": source, "commit": report["meta"]["commit"], "date": report["meta"]["date"]})
         for e in dispatch_entries(report, source):
-            entries[(e["gpu"], e["op"], e["dtype"], e["bucket"])] = e  # a later file wins
+            key = (e["gpu"], e["op"], e["dtype"], e["bucket"])
+            earlier = entries.get(key)
+            if earlier is not None and earlier["source"] == source and earlier["impl"] == "torch":
+                continue  # several cases in one bucket: Triton must win them all
+            entries[key] = e  # a later results file replaces an earlier one
     table = {"note": "written by bench/kernels.py --write-table; impl='auto' runs Triton only "
                      "where an entry says triton (fwd+bwd at most "
                      f"{WIN_MARGIN:.0%} of the best built-in time, timed with and without host overhead)",
