@@ -6,7 +6,7 @@
 #
 # Stages: env (versions, GPU), tests (tests/gpu kernel tests, default configs), parity
 # (tests/gpu training parity, autotuned), profile (bench/gpu_train.py compile mode with
-# kernel profiles, and GPT-2 variants: padded vocabulary, batch 32), variants (compile mode
+# kernel profiles, and GPT-2 at batch 32), variants (compile mode
 # at larger batches), train (bench/gpu_train.py, all modes), legacy
 # (bench/gpu_train.py eager and compile, before and after the loop changes), kernels
 # (bench/kernels.py). Extra arguments for a bench stage go in TRAIN_ARGS / KERNELS_ARGS.
@@ -60,8 +60,6 @@ print(\"torchao\", torchao.__version__, \"pydantic\", pydantic.__version__)"; gi
     train) stage train "$limit" python3 bench/gpu_train.py --loader 8 ${TRAIN_ARGS:-} ;;
     profile) stage profile "$limit" bash -c 'set -e; a="--modes compile --profile 5 --steps 15 --warmup 3"
               python3 bench/gpu_train.py $a --out bench/results/profile
-              python3 bench/gpu_train.py $a --models gpt2_small --override gpt2_small.vocab_multiple=64 \
-                --out bench/results/profile/pad64
               python3 bench/gpu_train.py $a --models gpt2_small --batch gpt2_small=32 --out bench/results/profile/b32' ;;
     variants) stage variants "$limit" python3 bench/gpu_train.py --modes compile --steps 15 --warmup 3 \
                 --batch gpt2_small=32 vit_b16=512 --out bench/results/variants ;;
