@@ -16,8 +16,13 @@
 # bench/results/ and, with the logs, in $OUT/session.tgz (OUT defaults to /tmp/gpu-session).
 # Compile caches (inductor, Triton, autotune choices) are kept in .gpucache/ and archived to
 # $OUT/gpucache.tgz, so that a later session on a fresh machine can carry them back.
+#
+# Pass the commit you are measuring: BENCH_COMMIT=$(git rev-parse HEAD) bench/gpu_session.sh ...
+# (the copy of the tree on the GPU machine may carry stale git metadata); commit first, so
+# that the commit is the code that runs.
 set -u
 cd "$(dirname "$0")/.."
+export BENCH_COMMIT=${BENCH_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 OUT=${OUT:-/tmp/gpu-session}
 LOGS=$(mktemp -d)
 mkdir -p "$OUT" bench/results

@@ -73,6 +73,10 @@ TINY = {
 
 
 def git_commit() -> str:
+    """BENCH_COMMIT when set (a copy of the tree on another machine may carry stale git
+    metadata; bench/gpu_session.sh sets it), else the checkout's HEAD."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10)

@@ -80,6 +80,8 @@ def parse_args(argv=None):
                    help="no benchmark: write kernels/dispatch_table.json from these results files")
     p.add_argument("--table", type=Path, default=REPO / "kernels" / "dispatch_table.json",
                    help="where --write-table writes")
+    p.add_argument("--render", type=Path, metavar="RESULTS_JSON",
+                   help="no benchmark: print the markdown report of a results file")
     args = p.parse_args(argv)
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = sorted(set(args.ops) - set(OPS))
@@ -100,6 +102,12 @@ def result_paths(out_dir: Path, gpu_name: str, date: str):
 
 
 def git_commit() -> str:
+    """BENCH_COMMIT when set (a copy of the tree on another machine may carry stale git
+    metadata; bench/gpu_session.sh sets it), else the checkout's HEAD."""
+    import os
+
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, timeout=10)
@@ -141,6 +149,15 @@ def render_markdown(meta: dict, rows: list) -> str:
     wins = [f"{r['op']} / {r['case']}" for r in rows
             if r["mode"] == "fwd+bwd" and speedups(r) and min(speedups(r).values()) > 1.0]
     lines += ["", "Triton beats every baseline (fwd+bwd) at: " + (", ".join(wins) or "none"), ""]
+    checks = target_rows(rows)
+    if checks:
+        lines += ["## Targets", "", "fwd+bwd, Triton against the built-in baselines of the same run; "
+                  "`host` includes host overhead (do_bench), `GPU` is the kernels' time alone.", "",
+                  "| op | case | measure | target | host | GPU |", "|---|---|---|---|---|---|"]
+        for op, case, what, target, host, gpu in checks:
+            mark = lambda v: "-" if v is None else f"{v:.2f} {'ok' if v >= target else 'missed'}"  # noqa: E731
+            lines.append(f"| {op} | {case} | {what} | >= {target:g} | {mark(host)} | {mark(gpu)} |")
+        lines.append("")
     if any(r.get("kernel_ms") for r in rows):
         lines += ["## GPU time alone (the kernels' summed durations, no host overhead)", "",
                   "The same calls under the profiler: the summed durations of the kernels each "
@@ -156,6 +173,39 @@ def render_markdown(meta: dict, rows: list) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+# The issue's targets: (op, case, what, figure); checked on fwd+bwd rows.
+TARGETS = [
+    ("layer_norm", None, "x eager", 1.2), ("layer_norm", None, "x compile", 1.0),
+    ("cross_entropy", "gpt2-s b8", "x eager", 2.0), ("cross_entropy", "gpt2-s b8", "memory / eager", 4.0),
+    ("attention", "gpt2-s b8", "x fastest SDPA", 0.9), ("attention", "b8 full", "x fastest SDPA", 0.9),
+]
+
+
+def target_rows(rows: list) -> list:
+    """[(op, case, what, target, measured with host overhead, measured GPU time)]."""
+    out = []
+    for op, case, what, target in TARGETS:
+        for r in rows:
+            if r["op"] != op or r["mode"] != "fwd+bwd" or (case and r["case"] != case):
+                continue
+            figures = []
+            for timing in ("ms", "kernel_ms"):
+                times = r.get(timing) or {}
+                t = times.get("triton")
+                if what == "memory / eager":
+                    mem = r["peak_mib"]
+                    value = mem.get("eager") / mem["triton"] if mem.get("triton") else None
+                elif what == "x fastest SDPA":
+                    sdpa = [v for k, v in times.items() if k.startswith("sdpa") and v]
+                    value = min(sdpa) / t if sdpa and t else None
+                else:
+                    base = times.get(what.split()[-1])
+                    value = base / t if base and t else None
+                figures.append(value)
+            out.append((op, r["case"], what, target, *figures))
+    return out
 
 
 def _fmt(v, spec=".3f"):
@@ -412,6 +462,10 @@ def write_table(result_files: list, table_path: Path) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.render:
+        report = json.loads(args.render.read_text())
+        print(render_markdown(report["meta"], report["results"]))
+        return 0
     if args.write_table:
         table = write_table(args.write_table, args.table)
         wins = [f"{e['op']} {e['dtype']} {e['bucket']}" for e in table["entries"] if e["impl"] == "triton"]

@@ -47,17 +47,15 @@ def _config(bm, bn, stages, warps):
 
 
 # Hopper candidates (BLOCK_M, BLOCK_N, stages, warps), after FA2 and Triton's
-# fused-attention tutorial; the first config that fits is the default when
-# autotuning is off.  The forward holds a BLOCK_M query tile and streams
-# BLOCK_N keys; dk/dv owns a BLOCK_N key tile and streams narrower query
-# tiles; dq is its mirror image.
-FWD_CONFIGS = [(128, 64, 3, 4), (128, 64, 4, 8), (128, 128, 3, 8), (64, 64, 4, 4),
-               (64, 128, 3, 4), (128, 32, 4, 4), (64, 32, 3, 4), (64, 32, 2, 4)]
-DKDV_CONFIGS = [(32, 128, 3, 4), (64, 128, 3, 8), (32, 64, 3, 4), (64, 64, 3, 4),
-                (32, 128, 4, 4), (16, 64, 2, 4)]
-DQ_CONFIGS = [(128, 32, 3, 4), (128, 64, 3, 8), (64, 64, 3, 4), (64, 32, 3, 4),
-              (128, 32, 4, 4), (32, 32, 2, 4)]
-PRE_CONFIGS = [(128, 4), (64, 4), (128, 8)]  # (BLOCK_M, warps) of the delta = rowsum(o * do) pass
+# fused-attention tutorial, pruned to the configs the autotuner chose on an H100
+# (kernels/NOTES.md, "Autotuning"); the first config that fits is the default when
+# autotuning is off, and the last, smallest one is what fp32 at head dim 128 fits.
+# The forward holds a BLOCK_M query tile and streams BLOCK_N keys; dk/dv owns a
+# BLOCK_N key tile and streams narrower query tiles; dq is its mirror image.
+FWD_CONFIGS = [(128, 64, 4, 8), (64, 64, 4, 4), (64, 32, 3, 4), (64, 32, 2, 4)]
+DKDV_CONFIGS = [(32, 64, 3, 4), (32, 128, 4, 4), (32, 128, 3, 4), (16, 64, 2, 4)]
+DQ_CONFIGS = [(128, 64, 3, 8), (64, 64, 3, 4), (64, 32, 3, 4), (32, 32, 2, 4)]
+PRE_CONFIGS = [(64, 4), (128, 8)]  # (BLOCK_M, warps) of the delta = rowsum(o * do) pass
 SMEM_BUDGET = 160 * 1024  # estimated bytes; the H100 allows 227 KiB per block
 
 

@@ -54,9 +54,9 @@ def _configs():
     # Memory-bound row streaming: bigger chunks amortise the per-chunk
     # reductions; 8-16 warps keep enough loads in flight on Hopper.  The first
     # config that the pruning keeps is the default when autotuning is off.
+    # (BLOCK_V, warps): the configs an H100 chose for vocabularies of 1000 and 50257.
     return [triton.Config({"BLOCK_V": bv}, num_warps=w)
-            for bv, w in ((4096, 8), (8192, 16), (8192, 8), (2048, 8), (4096, 16), (2048, 4),
-                          (1024, 4), (1024, 8))]
+            for bv, w in ((8192, 16), (2048, 4), (4096, 8), (1024, 8))]
 
 
 def _prune(configs, nargs, **kwargs):

@@ -35,11 +35,12 @@ INTERPRET_META = {"BLOCK_M": 2}
 
 def _configs():
     # A tile is BLOCK_M whole rows.  Short rows (ViT/GPT-2: 768) need several
-    # rows per program to keep enough loads in flight; long rows want one row
-    # and more warps.  The first surviving config is the default when
-    # autotuning is off (KERNELS_AUTOTUNE=0).
+    # rows per program to keep enough loads in flight; long rows want fewer rows
+    # and more warps.  (BLOCK_M, warps): the configs an H100 chose at rows of
+    # 768-4096 (kernels/NOTES.md), plus one-row tiles for longer rows.  The first
+    # surviving config is the default when autotuning is off (KERNELS_AUTOTUNE=0).
     return [triton.Config({"BLOCK_M": bm}, num_warps=w)
-            for bm in (4, 1, 2, 8, 16) for w in (4, 8, 2, 16)]
+            for bm, w in ((4, 4), (8, 4), (2, 4), (8, 8), (2, 16), (4, 16), (1, 8), (1, 16))]
 
 
 def _prune(configs, nargs, **kwargs):

@@ -337,6 +337,13 @@ def test_bench_report_helpers(tmp_path):
     md = bench.render_markdown(meta, [row])
     assert "| attention | gpt2-s b8 | fwd+bwd | 2.000 | 3.000 | 1.000 | - | 1.500 | 0.500 | - |" in md
     assert "Triton beats every baseline (fwd+bwd) at: none" in md
+    ln = {"op": "layer_norm", "case": "gpt2-s b8", "mode": "fwd+bwd", "params": {},
+          "ms": {"triton": 2.0, "eager": 3.0, "compile": 1.0}, "kernel_ms": {"triton": 1.0, "eager": 1.5,
+                                                                           "compile": 1.1},
+          "peak_mib": {"triton": 1.0, "eager": 2.0}}
+    md = bench.render_markdown(meta, [ln])
+    assert "| layer_norm | gpt2-s b8 | x eager | >= 1.2 | 1.50 ok | 1.50 ok |" in md
+    assert "| layer_norm | gpt2-s b8 | x compile | >= 1 | 0.50 missed | 1.10 ok |" in md
     assert bench.git_commit() == "uncommitted" or len(bench.git_commit()) == 40
 
 
