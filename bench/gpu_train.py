@@ -68,7 +68,7 @@ TINY = {
                 {"source": "synthetic", "kind": "image", "image_size": 28, "in_channels": 1,
                  "num_classes": 10}, 8),
     "gpt2_small": ({"family": "gpt", "preset": "gpt_nano", "overrides": {"n_layer": 1}},
-                   {"source": "synthetic", "kind": "tokens", "seq_len": 32, "vocab_size": 256}, 4),
+                   {"source": "synthetic", "kind": "tokens", "seq_len": 16, "vocab_size": 64}, 4),
 }
 
 
@@ -349,7 +349,7 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():  # inductor's C++ build takes minutes on a small CPU
             os.environ.setdefault("ORCHESTRATOR_COMPILE_BACKEND", "aot_eager")
             os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton kernels on a CPU
-        args.steps, args.warmup = min(args.steps, 3), min(args.warmup, 1)
+        args.steps, args.warmup = min(args.steps, 2), 0
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() \
         else torch.device("cpu")
     if device.type == "cuda":

@@ -113,7 +113,7 @@ def test_gpu_benchmark_dry_run_covers_the_whole_path_on_tiny_shapes(tmp_path):
                                                          "bias_gelu")})
         assert (r["compile_s"] is None) == (mode == "eager")
         assert (r["tokens_per_s"] is not None) == (model == "gpt2_small")
-    assert "| vit_micro | compile+fp8 |" in report_file.with_suffix(".md").read_text()
+    assert "| vit_micro, depth=1 | compile+fp8 |" in report_file.with_suffix(".md").read_text()
 
 
 def _python(*args):
