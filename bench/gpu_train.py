@@ -45,30 +45,42 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 NO_GPU_MESSAGE = "no CUDA device: GPU training benchmarks need a GPU"
-ALL_TRITON = {"attention": "triton", "layer_norm": "triton", "cross_entropy": "triton",
-              "bias_gelu": "triton"}
+ALL_TRITON = {"attention": "triton", "layer_norm": "triton", "cross_entropy": "triton", "bias_gelu": "triton"}
 # mode -> (precision.dtype, precision.compile, kernels section)
-MODES = {"eager": ("bf16", False, {}), "compile": ("bf16", True, {}),
-         "compile+fp8": ("fp8", True, {}), "compile+triton": ("bf16", True, ALL_TRITON)}
+MODES = {
+    "eager": ("bf16", False, {}),
+    "compile": ("bf16", True, {}),
+    "compile+fp8": ("fp8", True, {}),
+    "compile+triton": ("bf16", True, ALL_TRITON),
+}
 # the issue's targets on one H100, per model: (unit, figure)
 TARGETS = {"vit_b16": ("samples_per_s", 4000), "gpt2_small": ("tokens_per_s", 500_000)}
 
 # model -> (spec model section, data section, batch size); the shapes the issue names
 WORKLOADS = {
-    "vit_b16": ({"family": "vit", "preset": "vit_b16"},
-                {"source": "synthetic", "kind": "image", "image_size": 224, "in_channels": 3,
-                 "num_classes": 1000}, 256),
-    "gpt2_small": ({"family": "gpt", "preset": "gpt2_small"},
-                   {"source": "synthetic", "kind": "tokens", "seq_len": 1024, "vocab_size": 50257},
-                   16),
+    "vit_b16": (
+        {"family": "vit", "preset": "vit_b16"},
+        {"source": "synthetic", "kind": "image", "image_size": 224, "in_channels": 3, "num_classes": 1000},
+        256,
+    ),
+    "gpt2_small": (
+        {"family": "gpt", "preset": "gpt2_small"},
+        {"source": "synthetic", "kind": "tokens", "seq_len": 1024, "vocab_size": 50257},
+        16,
+    ),
 }
 # --dry-run: the same code path on shapes a CPU runs in seconds
 TINY = {
-    "vit_b16": ({"family": "vit", "preset": "vit_micro", "overrides": {"depth": 1}},
-                {"source": "synthetic", "kind": "image", "image_size": 28, "in_channels": 1,
-                 "num_classes": 10}, 8),
-    "gpt2_small": ({"family": "gpt", "preset": "gpt_nano", "overrides": {"n_layer": 1}},
-                   {"source": "synthetic", "kind": "tokens", "seq_len": 16, "vocab_size": 64}, 4),
+    "vit_b16": (
+        {"family": "vit", "preset": "vit_micro", "overrides": {"depth": 1}},
+        {"source": "synthetic", "kind": "image", "image_size": 28, "in_channels": 1, "num_classes": 10},
+        8,
+    ),
+    "gpt2_small": (
+        {"family": "gpt", "preset": "gpt_nano", "overrides": {"n_layer": 1}},
+        {"source": "synthetic", "kind": "tokens", "seq_len": 16, "vocab_size": 64},
+        4,
+    ),
 }
 
 
@@ -78,8 +90,9 @@ def git_commit() -> str:
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
         return out.stdout.strip() if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -89,15 +102,26 @@ def make_spec(model: dict, data: dict, batch: int, mode: str, storage: str, load
     from orchestrator.spec import validate
 
     dtype, compile_, kernels = MODES[mode]
-    return validate({
-        "name": "bench", "model": model,
-        "data": {**data, "batch_size": batch, "eval_split": 0.0, "num_samples": 64 * batch,
-                 "loader_workers": loader_workers},
-        "train": {"steps": 1, "clip_grad_norm": 1.0},
-        "optimizer": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.1},
-        "scheduler": {"name": "constant"}, "parallel": {"strategy": "none"},
-        "precision": {"dtype": dtype, "compile": compile_}, "kernels": kernels,
-        "checkpoint": {"storage": storage}})
+    return validate(
+        {
+            "name": "bench",
+            "model": model,
+            "data": {
+                **data,
+                "batch_size": batch,
+                "eval_split": 0.0,
+                "num_samples": 64 * batch,
+                "loader_workers": loader_workers,
+            },
+            "train": {"steps": 1, "clip_grad_norm": 1.0},
+            "optimizer": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.1},
+            "scheduler": {"name": "constant"},
+            "parallel": {"strategy": "none"},
+            "precision": {"dtype": dtype, "compile": compile_},
+            "kernels": kernels,
+            "checkpoint": {"storage": storage},
+        }
+    )
 
 
 def synthetic_batch(info, device, batch: int):
@@ -117,15 +141,21 @@ def use_legacy_loop(trainer) -> None:
 
     import kernels
 
-    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in trainer.optimizer.param_groups]
+    groups = [
+        {"params": g["params"], "weight_decay": g["weight_decay"]} for g in trainer.optimizer.param_groups
+    ]
     o = trainer.spec.optimizer
     trainer.optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True)
     trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda step: 1.0)
     impl = trainer.spec.kernels.cross_entropy
 
     def loss(logits, target, label_smoothing):
-        return kernels.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                                     label_smoothing=label_smoothing, impl=impl)
+        return kernels.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(),
+            target.reshape(-1),
+            label_smoothing=label_smoothing,
+            impl=impl,
+        )
 
     trainer.loss = loss
 
@@ -172,8 +202,17 @@ def profile_steps(step, device, steps: int, path: Path) -> str:
     return table
 
 
-def bench_one(name: str, mode: str, workload, device, steps: int, warmup: int, legacy: bool,
-              profile_dir: Path | None = None, profile: int = 0) -> dict:
+def bench_one(
+    name: str,
+    mode: str,
+    workload,
+    device,
+    steps: int,
+    warmup: int,
+    legacy: bool,
+    profile_dir: Path | None = None,
+    profile: int = 0,
+) -> dict:
     import torch
 
     from workers import throughput
@@ -206,33 +245,56 @@ def bench_one(name: str, mode: str, workload, device, steps: int, warmup: int, l
         time_steps(step, device, warmup)
         times, wall = time_steps(step, device, steps)
         if profile and profile_dir is not None:
-            table = profile_steps(step, device, profile, profile_dir / f"profile-{name}-{mode}{'-legacy' if legacy else ''}.txt")
+            table = profile_steps(
+                step, device, profile, profile_dir / f"profile-{name}-{mode}{'-legacy' if legacy else ''}.txt"
+            )
             print("\n".join(table.splitlines()[:25]), flush=True)
         if not all(torch.isfinite(torch.stack(losses)).tolist()):
             raise RuntimeError(f"{name} {mode}: loss is not finite")
         max_memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-        del trainer
     step_s = statistics.median(times)
     flops_per_step = throughput.train_flops_per_sample(spec.model, info) * batch
     achieved = flops_per_step / step_s
-    mfu, mfu_note = throughput.mfu(achieved, throughput.device_name(device), dtype) \
-        if device.type == "cuda" else (None, "no MFU on a CPU")
+    mfu, mfu_note = (
+        throughput.mfu(achieved, throughput.device_name(device), dtype)
+        if device.type == "cuda"
+        else (None, "no MFU on a CPU")
+    )
     tokens = info.seq_len if info.kind == "tokens" else 1
     result = {
-        "model": name, "preset": spec.model.preset, "mode": mode, "loop": "legacy" if legacy else "current",
-        "dtype": dtype, "compile": compile_, "kernels": kernel_impls or "auto", "batch": batch,
-        "input": list(x.shape), "step_s_median": step_s, "step_s_min": min(times),
-        "step_s_max": max(times), "step_s_wall_mean": wall / steps, "timed_steps": steps,
-        "warmup_steps": warmup, "compile_s": max(first - step_s, 0.0) if compile_ else None,
-        "first_step_s": first, "samples_per_s": batch / step_s,
+        "model": name,
+        "preset": spec.model.preset,
+        "mode": mode,
+        "loop": "legacy" if legacy else "current",
+        "dtype": dtype,
+        "compile": compile_,
+        "kernels": kernel_impls or "auto",
+        "batch": batch,
+        "input": list(x.shape),
+        "step_s_median": step_s,
+        "step_s_min": min(times),
+        "step_s_max": max(times),
+        "step_s_wall_mean": wall / steps,
+        "timed_steps": steps,
+        "warmup_steps": warmup,
+        "compile_s": max(first - step_s, 0.0) if compile_ else None,
+        "first_step_s": first,
+        "samples_per_s": batch / step_s,
         "tokens_per_s": batch * tokens / step_s if tokens > 1 else None,
-        "flops_per_step": flops_per_step, "tflops": achieved / 1e12, "mfu": mfu, "mfu_note": mfu_note,
-        "max_memory_gib": max_memory, "final_loss": float(losses[-1]),
+        "flops_per_step": flops_per_step,
+        "tflops": achieved / 1e12,
+        "mfu": mfu,
+        "mfu_note": mfu_note,
+        "max_memory_gib": max_memory,
+        "final_loss": float(losses[-1]),
         "model_overrides": model_section.get("overrides", {}),
     }
     unit, target = TARGETS[name]
-    result["target"] = {"metric": unit, "figure": target, "ratio": result[unit] / target} \
-        if result[unit] is not None else None
+    result["target"] = (
+        {"metric": unit, "figure": target, "ratio": result[unit] / target}
+        if result[unit] is not None
+        else None
+    )
     return result
 
 
@@ -258,8 +320,13 @@ def loader_rate(name: str, workload, device, workers: int, batches: int) -> dict
             torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
         del it, trainer
-    return {"model": name, "loader_workers": workers, "batch": batch, "batches": batches,
-            "samples_per_s": batches * batch / seconds}
+    return {
+        "model": name,
+        "loader_workers": workers,
+        "batch": batch,
+        "batches": batches,
+        "samples_per_s": batches * batch / seconds,
+    }
 
 
 def provenance(device, dry_run: bool) -> dict:
@@ -269,50 +336,71 @@ def provenance(device, dry_run: bool) -> dict:
     from workers import throughput
 
     return {
-        "device": throughput.device_name(device), "torch": torch.__version__,
-        "triton": triton.__version__, "cuda": torch.version.cuda, "commit": git_commit(),
+        "device": throughput.device_name(device),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "commit": git_commit(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, *sys.argv]), "dry_run": dry_run,
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "dry_run": dry_run,
         "compile_backend": os.environ.get("ORCHESTRATOR_COMPILE_BACKEND", "inductor"),
     }
 
 
 def markdown(report: dict) -> str:
     p = report["provenance"]
-    lines = [f"# Training throughput on {p['device']}" + (" (dry run on tiny shapes)" if p["dry_run"] else ""),
-             "", f"- torch {p['torch']}, triton {p['triton']}, CUDA {p['cuda']}, commit `{p['commit']}`",
-             f"- {p['date']}; command: `{p['command']}`",
-             "- step time: median GPU period between consecutive steps of `Trainer.step` (no host "
-             "sync in between); compile time apart; FLOPs: FlopCounterMode (2 per MAC, forward + "
-             "backward); MFU against the dense bf16 peak, none for fp8",
-             "- target: ViT-B/16 4,000 images/s, GPT-2 small 500k tokens/s (one H100); `x target` is "
-             "the measured rate over it; `x eager` is over the eager mode of the same loop, this run", "",
-             "| model | mode | loop | batch | step ms | samples/s | tokens/s | TFLOP/s | MFU | x target "
-             "| x eager | compile s | memory GiB |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    eager = {(r["model"], r.get("loop")): r for r in report["results"]
-             if r.get("mode") == "eager" and "error" not in r}
+    lines = [
+        f"# Training throughput on {p['device']}" + (" (dry run on tiny shapes)" if p["dry_run"] else ""),
+        "",
+        f"- torch {p['torch']}, triton {p['triton']}, CUDA {p['cuda']}, commit `{p['commit']}`",
+        f"- {p['date']}; command: `{p['command']}`",
+        "- step time: median GPU period between consecutive steps of `Trainer.step` (no host "
+        "sync in between); compile time apart; FLOPs: FlopCounterMode (2 per MAC, forward + "
+        "backward); MFU against the dense bf16 peak, none for fp8",
+        "- target: ViT-B/16 4,000 images/s, GPT-2 small 500k tokens/s (one H100); `x target` is "
+        "the measured rate over it; `x eager` is over the eager mode of the same loop, this run",
+        "",
+        "| model | mode | loop | batch | step ms | samples/s | tokens/s | TFLOP/s | MFU | x target "
+        "| x eager | compile s | memory GiB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    eager = {
+        (r["model"], r.get("loop")): r
+        for r in report["results"]
+        if r.get("mode") == "eager" and "error" not in r
+    }
     for r in report["results"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['mode']} | {r.get('loop', '')} | | {r['error']} "
-                         "| | | | | | | | |")
+            lines.append(
+                f"| {r['model']} | {r['mode']} | {r.get('loop', '')} | | {r['error']} | | | | | | | | |"
+            )
             continue
         fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
         base = eager.get((r["model"], "current"))
         vs_eager = r["samples_per_s"] / base["samples_per_s"] if base else None
         target = r["target"]["ratio"] if r.get("target") else None
         preset = r["preset"] + "".join(f", {k}={v}" for k, v in r.get("model_overrides", {}).items())
-        lines.append(f"| {preset} | {r['mode']} | {r['loop']} | {r['batch']} | "
-                     f"{r['step_s_median'] * 1e3:.1f} | {r['samples_per_s']:,.0f} | "
-                     f"{fmt(r['tokens_per_s'], ',.0f')} | {r['tflops']:.3g} | "
-                     f"{fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} | "
-                     f"{fmt(target, '.2f')} | {fmt(vs_eager, '.2f')} | "
-                     f"{fmt(r['compile_s'], '.1f')} | {fmt(r['max_memory_gib'], '.1f')} |")
+        lines.append(
+            f"| {preset} | {r['mode']} | {r['loop']} | {r['batch']} | "
+            f"{r['step_s_median'] * 1e3:.1f} | {r['samples_per_s']:,.0f} | "
+            f"{fmt(r['tokens_per_s'], ',.0f')} | {r['tflops']:.3g} | "
+            f"{fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} | "
+            f"{fmt(target, '.2f')} | {fmt(vs_eager, '.2f')} | "
+            f"{fmt(r['compile_s'], '.1f')} | {fmt(r['max_memory_gib'], '.1f')} |"
+        )
     if report.get("loader"):
-        lines += ["", "Data loader alone (synthetic source, pinned memory, copy to the GPU):", "",
-                  "| model | loader workers | batch | samples/s |", "|---|---:|---:|---:|"]
-        lines += [f"| {r['model']} | {r['loader_workers']} | {r['batch']} | {r['samples_per_s']:,.0f} |"
-                  for r in report["loader"]]
+        lines += [
+            "",
+            "Data loader alone (synthetic source, pinned memory, copy to the GPU):",
+            "",
+            "| model | loader workers | batch | samples/s |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['model']} | {r['loader_workers']} | {r['batch']} | {r['samples_per_s']:,.0f} |"
+            for r in report["loader"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -320,21 +408,41 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
-    parser.add_argument("--batch", nargs="+", default=[], metavar="MODEL=N",
-                        help="batch size per model, e.g. gpt2_small=32")
+    parser.add_argument(
+        "--batch", nargs="+", default=[], metavar="MODEL=N", help="batch size per model, e.g. gpt2_small=32"
+    )
     parser.add_argument("--steps", type=int, default=30, help="timed steady-state steps")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps after the first")
-    parser.add_argument("--legacy-loop", action="store_true",
-                        help="also time every mode with the loop as it was before (see the docstring)")
-    parser.add_argument("--loader", type=int, default=0, metavar="WORKERS",
-                        help="also time the data loader alone with this many worker processes")
-    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                        help="also profile this many steps per configuration (profile-*.txt beside the results)")
-    parser.add_argument("--override", nargs="+", default=[], metavar="MODEL.KEY=VALUE",
-                        help="model config override, e.g. gpt2_small.vocab_multiple=64")
+    parser.add_argument(
+        "--legacy-loop",
+        action="store_true",
+        help="also time every mode with the loop as it was before (see the docstring)",
+    )
+    parser.add_argument(
+        "--loader",
+        type=int,
+        default=0,
+        metavar="WORKERS",
+        help="also time the data loader alone with this many worker processes",
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also profile this many steps per configuration (profile-*.txt beside the results)",
+    )
+    parser.add_argument(
+        "--override",
+        nargs="+",
+        default=[],
+        metavar="MODEL.KEY=VALUE",
+        help="model config override, e.g. gpt2_small.vocab_multiple=64",
+    )
     parser.add_argument("--out", help="results directory (default bench/results; a temp dir for --dry-run)")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="smoke test on tiny shapes, on the CPU when there is no GPU")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="smoke test on tiny shapes, on the CPU when there is no GPU"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -350,8 +458,11 @@ def main(argv=None) -> int:
             os.environ.setdefault("ORCHESTRATOR_COMPILE_BACKEND", "aot_eager")
             os.environ.setdefault("TRITON_INTERPRET", "1")  # the Triton kernels on a CPU
         args.steps, args.warmup = min(args.steps, 2), 0
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() \
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        if torch.cuda.is_available()
         else torch.device("cpu")
+    )
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -367,13 +478,18 @@ def main(argv=None) -> int:
         target, _, value = item.partition("=")
         name, _, key = target.partition(".")
         if name not in workloads or not key or not value:
-            parser.error(f"--override {item}: expected MODEL.KEY=VALUE with MODEL one of {', '.join(workloads)}")
+            parser.error(
+                f"--override {item}: expected MODEL.KEY=VALUE with MODEL one of {', '.join(workloads)}"
+            )
         model = {**workloads[name][0]}
         model["overrides"] = {**model.get("overrides", {}), key: json.loads(value)}
         workloads[name] = (model, *workloads[name][1:])
     report = {"provenance": provenance(device, args.dry_run), "results": [], "loader": []}
-    out = Path(args.out) if args.out else (
-        Path(tempfile.mkdtemp(prefix="gpu-train-dry-run-")) if args.dry_run else REPO / "bench/results")
+    out = (
+        Path(args.out)
+        if args.out
+        else (Path(tempfile.mkdtemp(prefix="gpu-train-dry-run-")) if args.dry_run else REPO / "bench/results")
+    )
     out.mkdir(parents=True, exist_ok=True)
     gpu = "".join(c if c.isalnum() else "-" for c in report["provenance"]["device"]).strip("-").lower()
     stem = out / f"gpu_train-{gpu}-{dt.date.today().isoformat()}"
@@ -387,11 +503,24 @@ def main(argv=None) -> int:
         for mode in args.modes:
             for legacy in loops:
                 try:
-                    result = bench_one(name, mode, workloads[name], device, args.steps, args.warmup, legacy,
-                                       out, args.profile)
+                    result = bench_one(
+                        name,
+                        mode,
+                        workloads[name],
+                        device,
+                        args.steps,
+                        args.warmup,
+                        legacy,
+                        out,
+                        args.profile,
+                    )
                 except torch.cuda.OutOfMemoryError:
-                    result = {"model": name, "mode": mode, "loop": "legacy" if legacy else "current",
-                              "error": "out of memory"}
+                    result = {
+                        "model": name,
+                        "mode": mode,
+                        "loop": "legacy" if legacy else "current",
+                        "error": "out of memory",
+                    }
                 report["results"].append(result)
                 print(json.dumps(result), flush=True)
                 save()

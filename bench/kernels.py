@@ -11,6 +11,7 @@ feed the CUDA dispatch table ``kernels._CUDA_TRITON_WINS``.
 
     python bench/kernels.py [--quick] [--ops attention,layer_norm] [--dtype bf16]
 """
+
 import argparse
 import datetime as dt
 import json
@@ -63,25 +64,46 @@ CASES = {
         ("dim4096", dict(rows=8 * 1024, dim=16384)),
     ],
 }
-QUICK_CASE = {"layer_norm": "gpt2-s b8", "attention": "gpt2-s b8", "cross_entropy": "gpt2-s b8",
-              "fused_linear_cross_entropy": "gpt2-s b8", "bias_gelu": "gpt2-s b8"}
+QUICK_CASE = {
+    "layer_norm": "gpt2-s b8",
+    "attention": "gpt2-s b8",
+    "cross_entropy": "gpt2-s b8",
+    "fused_linear_cross_entropy": "gpt2-s b8",
+    "bias_gelu": "gpt2-s b8",
+}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Benchmark kernels/ (Triton) against torch eager, "
-                                            "torch.compile and SDPA backends. Needs a CUDA GPU.")
-    p.add_argument("--quick", action="store_true",
-                   help="one shape per op (GPT-2 small) and fewer repetitions")
+    p = argparse.ArgumentParser(
+        description="Benchmark kernels/ (Triton) against torch eager, "
+        "torch.compile and SDPA backends. Needs a CUDA GPU."
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="one shape per op (GPT-2 small) and fewer repetitions"
+    )
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
     p.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
-    p.add_argument("--write-table", nargs="+", type=Path, metavar="RESULTS_JSON",
-                   help="no benchmark: write kernels/dispatch_table.json from these results files")
-    p.add_argument("--table", type=Path, default=REPO / "kernels" / "dispatch_table.json",
-                   help="where --write-table writes")
-    p.add_argument("--render", type=Path, metavar="RESULTS_JSON",
-                   help="no benchmark: print the markdown report of a results file")
+    p.add_argument(
+        "--write-table",
+        nargs="+",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="no benchmark: write kernels/dispatch_table.json from these results files",
+    )
+    p.add_argument(
+        "--table",
+        type=Path,
+        default=REPO / "kernels" / "dispatch_table.json",
+        help="where --write-table writes",
+    )
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="no benchmark: print the markdown report of a results file",
+    )
     args = p.parse_args(argv)
     args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     unknown = sorted(set(args.ops) - set(OPS))
@@ -91,6 +113,7 @@ def parse_args(argv=None):
 
 
 # --- pure helpers (no GPU needed; tested) -----------------------------------
+
 
 def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
@@ -109,8 +132,9 @@ def git_commit() -> str:
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return "uncommitted"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "uncommitted"
@@ -120,8 +144,9 @@ def speedups(row: dict, timing: str = "ms") -> dict:
     """baseline time / triton time for each baseline (>1: Triton is faster)."""
     times = row.get(timing) or {}
     t = times.get("triton")
-    return {k: round(v / t, 3) for k, v in times.items()
-            if not k.startswith("triton") and v is not None and t}
+    return {
+        k: round(v / t, 3) for k, v in times.items() if not k.startswith("triton") and v is not None and t
+    }
 
 
 def render_markdown(meta: dict, rows: list) -> str:
@@ -129,11 +154,16 @@ def render_markdown(meta: dict, rows: list) -> str:
     for r in rows:
         variants += [v for v in r["ms"] if v not in variants]
     lines = [f"# Kernel benchmarks: {meta['gpu']}", ""]
-    lines += [f"- {k}: `{meta[k]}`" for k in ("date", "torch", "triton", "cuda", "commit",
-                                               "dtype", "command")]
-    lines += ["", "Times are medians in ms (triton.testing.do_bench); `x` columns are "
-              "baseline / triton (> 1 means the Triton kernel is faster); memory is the "
-              "peak-allocation delta of one step in MiB.", ""]
+    lines += [
+        f"- {k}: `{meta[k]}`" for k in ("date", "torch", "triton", "cuda", "commit", "dtype", "command")
+    ]
+    lines += [
+        "",
+        "Times are medians in ms (triton.testing.do_bench); `x` columns are "
+        "baseline / triton (> 1 means the Triton kernel is faster); memory is the "
+        "peak-allocation delta of one step in MiB.",
+        "",
+    ]
     head = ["op", "case", "mode"] + [f"{v} ms" for v in variants]
     head += [f"x {v}" for v in variants if not v.startswith("triton")]
     head += [f"{v} MiB" for v in variants if v.startswith("triton") or v == "eager"] + ["max err"]
@@ -146,29 +176,45 @@ def render_markdown(meta: dict, rows: list) -> str:
         cells += [_fmt(r["peak_mib"].get(v)) for v in variants if v.startswith("triton") or v == "eager"]
         cells += [_fmt(r.get("max_abs_err"), ".2e")]
         lines.append("| " + " | ".join(cells) + " |")
-    wins = [f"{r['op']} / {r['case']}" for r in rows
-            if r["mode"] == "fwd+bwd" and speedups(r) and min(speedups(r).values()) > 1.0]
+    wins = [
+        f"{r['op']} / {r['case']}"
+        for r in rows
+        if r["mode"] == "fwd+bwd" and speedups(r) and min(speedups(r).values()) > 1.0
+    ]
     lines += ["", "Triton beats every baseline (fwd+bwd) at: " + (", ".join(wins) or "none"), ""]
     checks = target_rows(rows)
     if checks:
-        lines += ["## Targets", "", "fwd+bwd, Triton against the built-in baselines of the same run; "
-                  "`host` includes host overhead (do_bench), `GPU` is the kernels' time alone.", "",
-                  "| op | case | measure | target | host | GPU |", "|---|---|---|---|---|---|"]
+        lines += [
+            "## Targets",
+            "",
+            "fwd+bwd, Triton against the built-in baselines of the same run; "
+            "`host` includes host overhead (do_bench), `GPU` is the kernels' time alone.",
+            "",
+            "| op | case | measure | target | host | GPU |",
+            "|---|---|---|---|---|---|",
+        ]
         for op, case, what, target, host, gpu in checks:
-            mark = lambda v: "-" if v is None else f"{v:.2f} {'ok' if v >= target else 'missed'}"  # noqa: E731
+            mark = lambda v, target=target: (
+                "-" if v is None else f"{v:.2f} {'ok' if v >= target else 'missed'}"
+            )
             lines.append(f"| {op} | {case} | {what} | >= {target:g} | {mark(host)} | {mark(gpu)} |")
         lines.append("")
     if any(r.get("kernel_ms") for r in rows):
-        lines += ["## GPU time alone (the kernels' summed durations, no host overhead)", "",
-                  "The same calls under the profiler: the summed durations of the kernels each "
-                  "call launches, which is what a GPU-bound training step pays.", ""]
+        lines += [
+            "## GPU time alone (the kernels' summed durations, no host overhead)",
+            "",
+            "The same calls under the profiler: the summed durations of the kernels each "
+            "call launches, which is what a GPU-bound training step pays.",
+            "",
+        ]
         head = ["op", "case", "mode"] + [f"{v} ms" for v in variants]
         head += [f"x {v}" for v in variants if not v.startswith("triton")]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
             sp = speedups(r, "kernel_ms")
-            cells = [r["op"], r["case"], r["mode"]] + [_fmt((r.get("kernel_ms") or {}).get(v))
-                                                       for v in variants]
+            cells = [r["op"], r["case"], r["mode"]] + [
+                _fmt((r.get("kernel_ms") or {}).get(v)) for v in variants
+            ]
             cells += [_fmt(sp.get(v)) for v in variants if not v.startswith("triton")]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -177,9 +223,12 @@ def render_markdown(meta: dict, rows: list) -> str:
 
 # The issue's targets: (op, case, what, figure); checked on fwd+bwd rows.
 TARGETS = [
-    ("layer_norm", None, "x eager", 1.2), ("layer_norm", None, "x compile", 1.0),
-    ("cross_entropy", "gpt2-s b8", "x eager", 2.0), ("cross_entropy", "gpt2-s b8", "memory / eager", 4.0),
-    ("attention", "gpt2-s b8", "x fastest SDPA", 0.9), ("attention", "b8 full", "x fastest SDPA", 0.9),
+    ("layer_norm", None, "x eager", 1.2),
+    ("layer_norm", None, "x compile", 1.0),
+    ("cross_entropy", "gpt2-s b8", "x eager", 2.0),
+    ("cross_entropy", "gpt2-s b8", "memory / eager", 4.0),
+    ("attention", "gpt2-s b8", "x fastest SDPA", 0.9),
+    ("attention", "b8 full", "x fastest SDPA", 0.9),
 ]
 
 
@@ -235,23 +284,32 @@ def _make_case(op: str, p: dict, dtype, device):
     elif op == "attention":
         shape = (p["batch"], p["heads"], p["seq"], p["head_dim"])
         make = lambda: (rnd(*shape), rnd(*shape), rnd(*shape))  # noqa: E731
-        fns = {impl: (lambda q, k, v, impl=impl: kernels.attention(q, k, v, p["causal"], impl=impl))
-               for impl in impls}
+        fns = {
+            impl: (lambda q, k, v, impl=impl: kernels.attention(q, k, v, p["causal"], impl=impl))
+            for impl in impls
+        }
     elif op == "cross_entropy":
         target = torch.randint(0, p["vocab"], (p["rows"],), device=device)
         make = lambda: (rnd(p["rows"], p["vocab"], scale=2.0),)  # noqa: E731
-        fns = {impl: (lambda x, impl=impl: kernels.cross_entropy(x, target, 0.1, impl=impl)) for impl in impls}
+        fns = {
+            impl: (lambda x, impl=impl: kernels.cross_entropy(x, target, 0.1, impl=impl)) for impl in impls
+        }
         # what the training loop runs: the gradient written into the logits in the forward
-        fns["triton-inplace"] = lambda x: kernels.cross_entropy(x, target, 0.1, impl="triton",
-                                                                inplace_backward=True)
+        fns["triton-inplace"] = lambda x: kernels.cross_entropy(
+            x, target, 0.1, impl="triton", inplace_backward=True
+        )
         # F.cross_entropy straight on 16-bit logits (outside autocast): less exact, less memory
         fns["eager-lowp"] = lambda x: F.cross_entropy(x, target, label_smoothing=0.1)
     elif op == "fused_linear_cross_entropy":
         target = torch.randint(0, p["vocab"], (p["rows"],), device=device)
-        make = lambda: (rnd(p["rows"], p["hidden"]),  # noqa: E731
-                        rnd(p["vocab"], p["hidden"], scale=p["hidden"] ** -0.5))
-        fns = {impl: (lambda h, w, impl=impl: kernels.fused_linear_cross_entropy(h, w, target, impl=impl))
-               for impl in impls}
+        make = lambda: (
+            rnd(p["rows"], p["hidden"]),  # noqa: E731
+            rnd(p["vocab"], p["hidden"], scale=p["hidden"] ** -0.5),
+        )
+        fns = {
+            impl: (lambda h, w, impl=impl: kernels.fused_linear_cross_entropy(h, w, target, impl=impl))
+            for impl in impls
+        }
     elif op == "bias_gelu":
         make = lambda: (rnd(p["rows"], p["dim"]), rnd(p["dim"]))  # noqa: E731
         fns = {impl: (lambda x, b, impl=impl: kernels.bias_gelu(x, b, impl=impl)) for impl in impls}
@@ -260,12 +318,17 @@ def _make_case(op: str, p: dict, dtype, device):
     fns["eager"] = fns.pop("torch")
     if op == "attention":
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION),
-                              ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
-                              ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION)):
+
+        for name, backend in (
+            ("sdpa-flash", SDPBackend.FLASH_ATTENTION),
+            ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION),
+            ("sdpa-efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ):
+
             def run(q, k, v, backend=backend):
                 with sdpa_kernel(backend):
                     return F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
+
             fns[name] = run
     return make, fns
 
@@ -328,8 +391,9 @@ def _measure(fn, sets, mode: str, quick: bool):
     step()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    ms = triton.testing.do_bench(step, warmup=5 if quick else 25, rep=20 if quick else 100,
-                                 return_mode="median")
+    ms = triton.testing.do_bench(
+        step, warmup=5 if quick else 25, rep=20 if quick else 100, return_mode="median"
+    )
     kernel_ms = _kernel_ms(step, calls=max(len(sets), 5))
     return ms, kernel_ms, peak, out
 
@@ -369,12 +433,24 @@ def run_benchmarks(args, save=lambda rows: None) -> list:
                 fns["compile"] = torch.compile(fns["eager"], dynamic=False)
             shared = _input_sets(make, l2)
             for mode in ("fwd", "fwd+bwd"):
-                row = {"op": op, "case": case, "mode": mode, "params": params, "ms": {},
-                       "kernel_ms": {}, "peak_mib": {}, "errors": {}, "input_sets": len(shared)}
+                row = {
+                    "op": op,
+                    "case": case,
+                    "mode": mode,
+                    "params": params,
+                    "ms": {},
+                    "kernel_ms": {},
+                    "peak_mib": {},
+                    "errors": {},
+                    "input_sets": len(shared),
+                }
                 outs = {}
                 for name, fn in fns.items():
-                    sets = [tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in s)
-                            for s in shared] if name in MUTATES_INPUTS else shared
+                    sets = (
+                        [tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in s) for s in shared]
+                        if name in MUTATES_INPUTS
+                        else shared
+                    )
                     try:
                         ms, kernel_ms, peak, outs[name] = _measure(fn, sets, mode, args.quick)
                         row["ms"][name], row["peak_mib"][name] = round(ms, 4), round(peak, 1)
@@ -387,9 +463,13 @@ def run_benchmarks(args, save=lambda rows: None) -> list:
                     row["max_abs_err"] = (outs["triton"].float() - outs["eager"].float()).abs().max().item()
                 rows.append(row)
                 sp = speedups(row)
-                print(f"{op:<27} {case:<11} {mode:<8} "
-                      + " ".join(f"{k}={v:.3f}ms" for k, v in row["ms"].items() if v is not None)
-                      + "  speedup " + " ".join(f"{k}:{v:.2f}x" for k, v in sp.items()), flush=True)
+                print(
+                    f"{op:<27} {case:<11} {mode:<8} "
+                    + " ".join(f"{k}={v:.3f}ms" for k, v in row["ms"].items() if v is not None)
+                    + "  speedup "
+                    + " ".join(f"{k}:{v:.2f}x" for k, v in sp.items()),
+                    flush=True,
+                )
                 del outs
                 save(rows)
             del shared, fns
@@ -420,8 +500,13 @@ def dispatch_entries(report: dict, source: str) -> list:
 
     meta, entries = report["meta"], []
     for row in report["results"]:
-        if row["mode"] != "fwd+bwd" or row["op"] not in ("layer_norm", "attention", "cross_entropy",
-                                                          "fused_linear_cross_entropy", "bias_gelu"):
+        if row["mode"] != "fwd+bwd" or row["op"] not in (
+            "layer_norm",
+            "attention",
+            "cross_entropy",
+            "fused_linear_cross_entropy",
+            "bias_gelu",
+        ):
             continue
         baselines = [v for v in row["ms"] if not v.startswith("triton") and v != "eager-lowp"]
         won = True
@@ -431,11 +516,20 @@ def dispatch_entries(report: dict, source: str) -> list:
             best = [b for b in best if b is not None]
             won = won and t is not None and bool(best) and t <= WIN_MARGIN * min(best)
         dims = _dims(row["op"], row["params"])
-        entries.append({
-            "gpu": meta["gpu"], "op": row["op"], "dtype": meta["dtype"],
-            "bucket": dispatch.shape_bucket(row["op"], **dims), "dims": dims,
-            "impl": "triton" if won else "torch", "case": row["case"],
-            "ms": row["ms"], "kernel_ms": row.get("kernel_ms", {}), "source": source})
+        entries.append(
+            {
+                "gpu": meta["gpu"],
+                "op": row["op"],
+                "dtype": meta["dtype"],
+                "bucket": dispatch.shape_bucket(row["op"], **dims),
+                "dims": dims,
+                "impl": "triton" if won else "torch",
+                "case": row["case"],
+                "ms": row["ms"],
+                "kernel_ms": row.get("kernel_ms", {}),
+                "source": source,
+            }
+        )
     return entries
 
 
@@ -443,8 +537,11 @@ def write_table(result_files: list, table_path: Path) -> dict:
     entries, sources = {}, []
     for path in result_files:
         report = json.loads(Path(path).read_text())
-        source = str(Path(path).resolve().relative_to(REPO)) if Path(path).resolve().is_relative_to(REPO) \
+        source = (
+            str(Path(path).resolve().relative_to(REPO))
+            if Path(path).resolve().is_relative_to(REPO)
             else str(path)
+        )
         sources.append({"file": source, "commit": report["meta"]["commit"], "date": report["meta"]["date"]})
         for e in dispatch_entries(report, source):
             key = (e["gpu"], e["op"], e["dtype"], e["bucket"])
@@ -452,10 +549,13 @@ def write_table(result_files: list, table_path: Path) -> dict:
             if earlier is not None and earlier["source"] == source and earlier["impl"] == "torch":
                 continue  # several cases in one bucket: Triton must win them all
             entries[key] = e  # a later results file replaces an earlier one
-    table = {"note": "written by bench/kernels.py --write-table; impl='auto' runs Triton only "
-                     "where an entry says triton (fwd+bwd at most "
-                     f"{WIN_MARGIN:.0%} of the best built-in time, timed with and without host overhead)",
-             "sources": sources, "entries": list(entries.values())}
+    table = {
+        "note": "written by bench/kernels.py --write-table; impl='auto' runs Triton only "
+        "where an entry says triton (fwd+bwd at most "
+        f"{WIN_MARGIN:.0%} of the best built-in time, timed with and without host overhead)",
+        "sources": sources,
+        "entries": list(entries.values()),
+    }
     table_path.write_text(json.dumps(table, indent=1) + "\n")
     return table
 
@@ -480,9 +580,16 @@ def main(argv=None) -> int:
 
     now = dt.datetime.now(dt.timezone.utc)
     gpu = torch.cuda.get_device_name()
-    meta = {"gpu": gpu, "date": now.isoformat(timespec="seconds"), "torch": torch.__version__,
-            "triton": triton.__version__, "cuda": torch.version.cuda, "commit": git_commit(),
-            "dtype": args.dtype, "command": shlex.join(["python"] + sys.argv)}
+    meta = {
+        "gpu": gpu,
+        "date": now.isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "commit": git_commit(),
+        "dtype": args.dtype,
+        "command": shlex.join(["python"] + sys.argv),
+    }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = result_paths(args.out_dir, gpu, now.strftime("%Y-%m-%d"))
 
@@ -491,8 +598,9 @@ def main(argv=None) -> int:
             choices = autotune_choices()
         except Exception as exc:  # the timings matter more than this record
             choices = {"error": f"{type(exc).__name__}: {exc}"}
-        json_path.write_text(json.dumps({"meta": meta, "results": rows, "autotune": choices},
-                                        indent=2) + "\n")
+        json_path.write_text(
+            json.dumps({"meta": meta, "results": rows, "autotune": choices}, indent=2) + "\n"
+        )
         md_path.write_text(render_markdown(meta, rows))
 
     rows = run_benchmarks(args, save)

@@ -40,16 +40,38 @@ def step_times(metrics_file: Path) -> tuple[list[float], float]:
 
 def one_run(side: str, args, overrides: list[str]) -> dict:
     storage = Path(tempfile.mkdtemp(prefix="bench-ray-"))
-    sets = [f"checkpoint.storage={storage}", f"train.steps={args.steps}",
-            f"metrics.log_every={args.log_every}", "checkpoint.every_steps=null",
-            "train.eval_every=null", *overrides]
+    sets = [
+        f"checkpoint.storage={storage}",
+        f"train.steps={args.steps}",
+        f"metrics.log_every={args.log_every}",
+        "checkpoint.every_steps=null",
+        "train.eval_every=null",
+        *overrides,
+    ]
     sets_args = [a for s in sets for a in ("--set", s)]
     if side == "torchrun":
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc_per_node={args.workers}", "-m", "workers.run", args.spec, *sets_args]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={args.workers}",
+            "-m",
+            "workers.run",
+            args.spec,
+            *sets_args,
+        ]
     else:
-        command = [sys.executable, "-m", "orchestrator", "run", args.spec, *sets_args,
-                   "--set", f"resources.num_workers={args.workers}"]
+        command = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            args.spec,
+            *sets_args,
+            "--set",
+            f"resources.num_workers={args.workers}",
+        ]
         if args.address:
             command += ["--address", args.address]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -60,9 +82,13 @@ def one_run(side: str, args, overrides: list[str]) -> dict:
         sys.exit(f"{side} run failed ({result.returncode}):\n{result.stderr[-3000:]}")
     durations, first_step_end = step_times(next(storage.glob("*/metrics.jsonl")))
     shutil.rmtree(storage, ignore_errors=True)
-    steady = durations[args.warmup:]
-    return {"median_step_s": statistics.median(steady), "mean_step_s": statistics.fmean(steady),
-            "first_step_s": first_step_end - started, "wall_s": wall}
+    steady = durations[args.warmup :]
+    return {
+        "median_step_s": statistics.median(steady),
+        "mean_step_s": statistics.fmean(steady),
+        "first_step_s": first_step_end - started,
+        "wall_s": wall,
+    }
 
 
 def main() -> int:
@@ -71,8 +97,9 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20, help="records left out of the median")
-    parser.add_argument("--log-every", type=int, default=1,
-                        help="metrics.log_every on both sides (1: time every step)")
+    parser.add_argument(
+        "--log-every", type=int, default=1, help="metrics.log_every on both sides (1: time every step)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--address", help="Ray cluster to run on (default: a local one per run)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -84,26 +111,37 @@ def main() -> int:
         for side in ("torchrun", "ray"):
             run = one_run(side, args, args.overrides)
             runs[side].append(run)
-            print(f"run {i + 1}/{args.repeats} {side:8s}  step {run['median_step_s'] * 1e3:7.2f} ms"
-                  f"  first step after {run['first_step_s']:5.1f} s  wall {run['wall_s']:5.1f} s",
-                  flush=True)
+            print(
+                f"run {i + 1}/{args.repeats} {side:8s}  step {run['median_step_s'] * 1e3:7.2f} ms"
+                f"  first step after {run['first_step_s']:5.1f} s  wall {run['wall_s']:5.1f} s",
+                flush=True,
+            )
 
-    summary = {side: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
-               for side, rs in runs.items()}
+    summary = {
+        side: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for side, rs in runs.items()
+    }
     torch_step, ray_step = summary["torchrun"]["median_step_s"], summary["ray"]["median_step_s"]
     # each Ray run against the torchrun run just before it: load drift cancels within a pair
     pairs = sorted(r["median_step_s"] / t["median_step_s"] for t, r in zip(runs["torchrun"], runs["ray"]))
     ratio = statistics.median(pairs)
-    print(f"\nsteady-state step time (median over {args.repeats} runs of each run's median;"
-          f" {args.workers} workers, {args.spec}, metrics every {args.log_every} step(s)):")
-    print(f"  torchrun {torch_step * 1e3:.2f} ms   orchestrator run on Ray {ray_step * 1e3:.2f} ms"
-          f"   overhead {(ray_step - torch_step) * 1e3:+.2f} ms/step")
-    print(f"  Ray/torchrun step-time ratio {ratio:.3f} (median of pairs; pairs ranged"
-          f" {pairs[0]:.3f}-{pairs[-1]:.3f}; target <= 1.05)")
-    print(f"time from command start to the end of the first step:"
-          f"  torchrun {summary['torchrun']['first_step_s']:.1f} s"
-          f"   orchestrator run {summary['ray']['first_step_s']:.1f} s"
-          f" ({'cluster at ' + args.address if args.address else 'starting a local Ray'})")
+    print(
+        f"\nsteady-state step time (median over {args.repeats} runs of each run's median;"
+        f" {args.workers} workers, {args.spec}, metrics every {args.log_every} step(s)):"
+    )
+    print(
+        f"  torchrun {torch_step * 1e3:.2f} ms   orchestrator run on Ray {ray_step * 1e3:.2f} ms"
+        f"   overhead {(ray_step - torch_step) * 1e3:+.2f} ms/step"
+    )
+    print(
+        f"  Ray/torchrun step-time ratio {ratio:.3f} (median of pairs; pairs ranged"
+        f" {pairs[0]:.3f}-{pairs[-1]:.3f}; target <= 1.05)"
+    )
+    print(
+        f"time from command start to the end of the first step:"
+        f"  torchrun {summary['torchrun']['first_step_s']:.1f} s"
+        f"   orchestrator run {summary['ray']['first_step_s']:.1f} s"
+        f" ({'cluster at ' + args.address if args.address else 'starting a local Ray'})"
+    )
 
     if args.out:
         import ray
@@ -113,15 +151,28 @@ def main() -> int:
             "what": "steady-state step time, orchestrator run on Ray vs torchrun",
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "spec": args.spec, "workers": args.workers, "steps": args.steps, "warmup": args.warmup,
-            "overrides": args.overrides, "address": args.address,
+            "spec": args.spec,
+            "workers": args.workers,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "overrides": args.overrides,
+            "address": args.address,
             "commit": _git_commit(),
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                        "device": torch.cuda.get_device_name() if torch.cuda.is_available()
-                        else "cpu (no GPU)", "load_avg_after": os.getloadavg()},
-            "versions": {"torch": torch.__version__, "ray": ray.__version__,
-                         "python": platform.python_version()},
-            "ratio": ratio, "pair_ratios": pairs, "summary": summary, "runs": runs,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (no GPU)",
+                "load_avg_after": os.getloadavg(),
+            },
+            "versions": {
+                "torch": torch.__version__,
+                "ray": ray.__version__,
+                "python": platform.python_version(),
+            },
+            "ratio": ratio,
+            "pair_ratios": pairs,
+            "summary": summary,
+            "runs": runs,
         }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
@@ -131,10 +182,19 @@ def main() -> int:
 
 def _git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parents[1], check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
-                               cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        ).stdout.strip()
         return out + ("+uncommitted changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

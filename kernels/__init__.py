@@ -12,13 +12,18 @@ Every op takes ``impl``:
 
 Depends on torch and (optionally) triton only; imports cleanly without triton.
 """
+
 from torch import Tensor
 
 from . import dispatch
 from ._common import HAS_TRITON, check_triton
 from .attention import attention_torch, attention_triton
-from .cross_entropy import (cross_entropy_torch, cross_entropy_triton,
-                            fused_linear_cross_entropy_torch, fused_linear_cross_entropy_triton)
+from .cross_entropy import (
+    cross_entropy_torch,
+    cross_entropy_triton,
+    fused_linear_cross_entropy_torch,
+    fused_linear_cross_entropy_triton,
+)
 from .layer_norm import layer_norm_torch, layer_norm_triton
 from .mlp import bias_gelu_torch, bias_gelu_triton, swiglu_torch, swiglu_triton
 
@@ -54,19 +59,25 @@ def layer_norm(x: Tensor, weight, bias, eps: float = 1e-5, impl: str = "auto") -
     return layer_norm_torch(x, weight, bias, eps)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale=None,
-              impl: str = "auto") -> Tensor:
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale=None, impl: str = "auto"
+) -> Tensor:
     """Softmax attention on (batch, heads, seq, head_dim); no dropout.
     ``scale`` defaults to 1/sqrt(head_dim); causal is top-left aligned like SDPA."""
-    if resolve("attention", impl, q, k, v, head_dim=q.shape[-1], seq=q.shape[-2],
-                causal=causal) == "triton":
+    if resolve("attention", impl, q, k, v, head_dim=q.shape[-1], seq=q.shape[-2], causal=causal) == "triton":
         return attention_triton(q, k, v, causal, scale)
     return attention_torch(q, k, v, causal, scale)
 
 
-def cross_entropy(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
-                  ignore_index: int = -100, impl: str = "auto",
-                  inplace_backward: bool = False, classes: int | None = None) -> Tensor:
+def cross_entropy(
+    logits: Tensor,
+    target: Tensor,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+    impl: str = "auto",
+    inplace_backward: bool = False,
+    classes: int | None = None,
+) -> Tensor:
     """Mean cross-entropy over non-ignored rows; logits (N, V) or (B, T, V).
     The loss is fp32 for 16-bit logits, as under autocast.  With
     ``inplace_backward`` the Triton path overwrites ``logits`` with their
@@ -76,22 +87,32 @@ def cross_entropy(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
     vocabulary rounded up to a multiple of 64, and get a zero gradient)."""
     vocab = logits.shape[-1] if classes is None else classes
     if resolve("cross_entropy", impl, logits, vocab=vocab) == "triton":
-        return cross_entropy_triton(logits, target, label_smoothing, ignore_index, inplace_backward,
-                                    classes)
+        return cross_entropy_triton(logits, target, label_smoothing, ignore_index, inplace_backward, classes)
     return cross_entropy_torch(logits, target, label_smoothing, ignore_index, classes)
 
 
-def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias=None,
-                               label_smoothing: float = 0.0, ignore_index: int = -100,
-                               impl: str = "auto", chunk_size=None) -> Tensor:
+def fused_linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias=None,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+    impl: str = "auto",
+    chunk_size=None,
+) -> Tensor:
     """cross_entropy(hidden @ weight.T + bias, target) without materialising the
     full logits on the Triton path (rows are processed ``chunk_size`` at a time)."""
-    if resolve("fused_linear_cross_entropy", impl, hidden, weight, vocab=weight.shape[0],
-                hidden=weight.shape[1]) == "triton":
-        return fused_linear_cross_entropy_triton(hidden, weight, target, bias, label_smoothing,
-                                                 ignore_index, chunk_size)
-    return fused_linear_cross_entropy_torch(hidden, weight, target, bias, label_smoothing,
-                                            ignore_index)
+    if (
+        resolve(
+            "fused_linear_cross_entropy", impl, hidden, weight, vocab=weight.shape[0], hidden=weight.shape[1]
+        )
+        == "triton"
+    ):
+        return fused_linear_cross_entropy_triton(
+            hidden, weight, target, bias, label_smoothing, ignore_index, chunk_size
+        )
+    return fused_linear_cross_entropy_torch(hidden, weight, target, bias, label_smoothing, ignore_index)
 
 
 def bias_gelu(x: Tensor, bias: Tensor, impl: str = "auto") -> Tensor:
@@ -108,5 +129,17 @@ def swiglu(a: Tensor, b: Tensor, impl: str = "auto") -> Tensor:
     return swiglu_torch(a, b)
 
 
-__all__ = ["OPS", "EXTRA_OPS", "IMPLS", "HAS_TRITON", "available_impls", "resolve", "layer_norm",
-           "attention", "cross_entropy", "fused_linear_cross_entropy", "bias_gelu", "swiglu"]
+__all__ = [
+    "OPS",
+    "EXTRA_OPS",
+    "IMPLS",
+    "HAS_TRITON",
+    "available_impls",
+    "resolve",
+    "layer_norm",
+    "attention",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
+    "bias_gelu",
+    "swiglu",
+]

@@ -6,6 +6,7 @@ Kernel modules never decorate at import time.  Each one has a
 ``@triton.jit`` functions on first use, so TRITON_INTERPRET is read when a
 kernel is first *launched*, not when ``kernels`` is imported.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,7 @@ def check_triton(op: str, *tensors: torch.Tensor) -> None:
         return
     if not all(t.is_cuda for t in tensors):
         raise RuntimeError(
-            f"kernels: the triton implementation of {op} needs a CUDA tensor "
-            "(or TRITON_INTERPRET=1 on CPU)"
+            f"kernels: the triton implementation of {op} needs a CUDA tensor (or TRITON_INTERPRET=1 on CPU)"
         )
 
 
@@ -78,8 +78,7 @@ def maybe_autotune(kernel, configs, key, interpret: bool, **kwargs):
     if interpret:
         return kernel
     if not autotuning():
-        return FixedConfig(kernel, configs,
-                           (kwargs.get("prune_configs_by") or {}).get("early_config_prune"))
+        return FixedConfig(kernel, configs, (kwargs.get("prune_configs_by") or {}).get("early_config_prune"))
     return triton.autotune(configs=configs, key=key, **kwargs)(kernel)
 
 
@@ -99,8 +98,9 @@ def launch(kernel, grid, *args, interp_meta: dict, **kwargs):
         return kernel[grid](*args, **kwargs)
     if isinstance(kernel, FixedConfig):
         cfg = kernel.config_for(args, kwargs)
-        return kernel.fn[grid](*args, **kwargs, **cfg.kwargs, num_warps=cfg.num_warps,
-                               num_stages=cfg.num_stages)
+        return kernel.fn[grid](
+            *args, **kwargs, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages
+        )
     with _interpretable_stdlib():
         return kernel[grid](*args, **kwargs, **interp_meta)
 

@@ -13,6 +13,7 @@ shape per op in bf16 with the first autotune config; the default compiles
 several shapes in bf16 and fp32 with the smallest and largest configs
 (minutes); --all-configs compiles every autotune candidate.
 """
+
 import argparse
 import json
 import sys
@@ -54,16 +55,21 @@ def _compile_launch(kernel, args, kwargs, arch: int, which: str, results: list):
             else:
                 signature[param.name] = mangle_type(value)
         src = ASTSource(fn, signature, constexprs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                  options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-        results.append({
-            "kernel": fn.__name__,
-            "dtype": str(next(v.dtype for v in args if isinstance(v, torch.Tensor))),
-            "config": {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
-            "constexprs": {k: str(v) for k, v in constexprs.items() if k not in cfg.kwargs},
-            "shared_bytes": compiled.metadata.shared,
-            "fits_hopper_smem": compiled.metadata.shared <= HOPPER_SMEM_BYTES,
-        })
+        compiled = triton.compile(
+            src,
+            target=GPUTarget("cuda", arch, 32),
+            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+        )
+        results.append(
+            {
+                "kernel": fn.__name__,
+                "dtype": str(next(v.dtype for v in args if isinstance(v, torch.Tensor))),
+                "config": {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                "constexprs": {k: str(v) for k, v in constexprs.items() if k not in cfg.kwargs},
+                "shared_bytes": compiled.metadata.shared,
+                "fits_hopper_smem": compiled.metadata.shared <= HOPPER_SMEM_BYTES,
+            }
+        )
 
 
 def _drive_ops(dtype: torch.dtype, quick: bool) -> None:
@@ -71,9 +77,10 @@ def _drive_ops(dtype: torch.dtype, quick: bool) -> None:
     # Module objects via import_module: kernels.layer_norm etc. are shadowed
     # by the public functions of the same names on the package.
     from importlib import import_module
+
     attention, cross_entropy, layer_norm, mlp = (
-        import_module(f"{__package__}.{name}")
-        for name in ("attention", "cross_entropy", "layer_norm", "mlp"))
+        import_module(f"{__package__}.{name}") for name in ("attention", "cross_entropy", "layer_norm", "mlp")
+    )
 
     def t(*shape, dt=dtype):
         return torch.zeros(*shape, dtype=dt)
@@ -111,7 +118,8 @@ def compile_all(arch: int = 90, quick: bool = False, all_configs: bool = False) 
     dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float32)
     results: list = []
     _common.LAUNCH_HOOK = lambda kernel, args, kwargs: _compile_launch(
-        kernel, args, kwargs, arch, which, results)
+        kernel, args, kwargs, arch, which, results
+    )
     try:
         for dtype in dtypes:
             _drive_ops(dtype, quick)
@@ -130,9 +138,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     results = compile_all(args.arch, quick=args.quick, all_configs=args.all_configs)
     for r in results:
-        print(json.dumps(r) if args.json else
-              f"{r['kernel']:<14} {r['dtype']:<15} {r['config']} smem={r['shared_bytes']}"
-              + ("" if r["fits_hopper_smem"] else "  (exceeds Hopper smem: autotune skips it)"))
+        print(
+            json.dumps(r)
+            if args.json
+            else f"{r['kernel']:<14} {r['dtype']:<15} {r['config']} smem={r['shared_bytes']}"
+            + ("" if r["fits_hopper_smem"] else "  (exceeds Hopper smem: autotune skips it)")
+        )
     print(f"compiled {len(results)} kernel variants for sm_{args.arch}")
     return 0
 

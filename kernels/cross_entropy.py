@@ -19,6 +19,7 @@ logits, overwrites them in place with the gradient in the forward pass
 (Liger-Kernel's scheme) and immediately folds them into d_hidden / d_weight;
 the full (N, V) logits never exist.  See NOTES.md for the trade-off.
 """
+
 import functools
 from types import SimpleNamespace
 
@@ -26,26 +27,40 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._common import (NAMESPACE, acc_dtype, interpreting, launch, maybe_autotune,
-                      next_power_of_2, tl, triton)
+from ._common import NAMESPACE, acc_dtype, interpreting, launch, maybe_autotune, next_power_of_2, tl, triton
 
 INTERPRET_META = {"BLOCK_V": 16}  # small chunks: several per row even for tiny V
 
 
-def cross_entropy_torch(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
-                        ignore_index: int = -100, classes: int | None = None) -> Tensor:
+def cross_entropy_torch(
+    logits: Tensor,
+    target: Tensor,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+    classes: int | None = None,
+) -> Tensor:
     """Reference path: the built-in op on (N, V) rows.  16-bit logits are upcast
     first, as autocast does for F.cross_entropy, so the loss is fp32."""
     if classes is not None and classes != logits.shape[-1]:
         logits = logits[..., :classes]
     if logits.dtype in (torch.bfloat16, torch.float16):
         logits = logits.float()
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                           ignore_index=ignore_index, label_smoothing=label_smoothing)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        target.reshape(-1),
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+    )
 
 
-def fused_linear_cross_entropy_torch(hidden: Tensor, weight: Tensor, target: Tensor, bias=None,
-                                     label_smoothing: float = 0.0, ignore_index: int = -100) -> Tensor:
+def fused_linear_cross_entropy_torch(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias=None,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+) -> Tensor:
     """Reference path: materialises the full logits."""
     return cross_entropy_torch(F.linear(hidden, weight, bias), target, label_smoothing, ignore_index)
 
@@ -55,8 +70,9 @@ def _configs():
     # reductions; 8-16 warps keep enough loads in flight on Hopper.  The first
     # config that the pruning keeps is the default when autotuning is off.
     # (BLOCK_V, warps): the configs an H100 chose for vocabularies of 1000 and 50257.
-    return [triton.Config({"BLOCK_V": bv}, num_warps=w)
-            for bv, w in ((8192, 16), (2048, 4), (4096, 8), (1024, 8))]
+    return [
+        triton.Config({"BLOCK_V": bv}, num_warps=w) for bv, w in ((8192, 16), (2048, 4), (4096, 8), (1024, 8))
+    ]
 
 
 def _prune(configs, nargs, **kwargs):
@@ -68,8 +84,20 @@ def _prune(configs, nargs, **kwargs):
 @functools.cache
 def _triton_kernels(interpret: bool):
     @triton.jit
-    def cross_entropy_fwd_kernel(LOGITS, TARGET, LOSS, LSE, GRAD_SCALE, stride, V, ignore_index, smoothing,
-            WRITE_GRAD: tl.constexpr, ACC: tl.constexpr, BLOCK_V: tl.constexpr):
+    def cross_entropy_fwd_kernel(
+        LOGITS,
+        TARGET,
+        LOSS,
+        LSE,
+        GRAD_SCALE,
+        stride,
+        V,
+        ignore_index,
+        smoothing,
+        WRITE_GRAD: tl.constexpr,
+        ACC: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         base = LOGITS + row * stride
         t = tl.load(TARGET + row)
@@ -98,8 +126,20 @@ def _triton_kernels(interpret: bool):
                 tl.store(base + cols, (grad * g).to(LOGITS.dtype.element_ty), mask=cols < V)
 
     @triton.jit
-    def cross_entropy_bwd_kernel(LOGITS, TARGET, LSE, DLOGITS, GRAD_SCALE, stride, dstride, V, ignore_index,
-            smoothing, ACC: tl.constexpr, BLOCK_V: tl.constexpr):
+    def cross_entropy_bwd_kernel(
+        LOGITS,
+        TARGET,
+        LSE,
+        DLOGITS,
+        GRAD_SCALE,
+        stride,
+        dstride,
+        V,
+        ignore_index,
+        smoothing,
+        ACC: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+    ):
         row = tl.program_id(0).to(tl.int64)
         t = tl.load(TARGET + row)
         lse = tl.load(LSE + row)
@@ -108,8 +148,7 @@ def _triton_kernels(interpret: bool):
             cols = start + tl.arange(0, BLOCK_V)
             x = tl.load(LOGITS + row * stride + cols, mask=cols < V, other=0.0).to(ACC)
             grad = tl.exp(x - lse) - smoothing / V - tl.where(cols == t, 1.0 - smoothing, 0.0)
-            tl.store(DLOGITS + row * dstride + cols, (grad * g).to(DLOGITS.dtype.element_ty),
-                     mask=cols < V)
+            tl.store(DLOGITS + row * dstride + cols, (grad * g).to(DLOGITS.dtype.element_ty), mask=cols < V)
 
     @triton.jit
     def scale_kernel(X, SCALE, numel, BLOCK: tl.constexpr):
@@ -125,10 +164,15 @@ def _triton_kernels(interpret: bool):
     prune = {"early_config_prune": _prune}
     return SimpleNamespace(
         # The in-place variant rewrites LOGITS, so benchmarking configs must restore it.
-        fwd=maybe_autotune(cross_entropy_fwd_kernel, _configs(), ["V", "WRITE_GRAD"], interpret,
-                           restore_value=["LOGITS"], prune_configs_by=prune),
-        bwd=maybe_autotune(cross_entropy_bwd_kernel, _configs(), ["V"], interpret,
-                           prune_configs_by=prune),
+        fwd=maybe_autotune(
+            cross_entropy_fwd_kernel,
+            _configs(),
+            ["V", "WRITE_GRAD"],
+            interpret,
+            restore_value=["LOGITS"],
+            prune_configs_by=prune,
+        ),
+        bwd=maybe_autotune(cross_entropy_bwd_kernel, _configs(), ["V"], interpret, prune_configs_by=prune),
         scale=scale_kernel,
     )
 
@@ -137,29 +181,54 @@ def _acc_torch(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _ce_rows(logits: Tensor, target: Tensor, loss_rows: Tensor, lse: Tensor, grad_scale: Tensor,
-             smoothing: float, ignore_index: int, write_grad: bool, classes: int | None = None) -> None:
+def _ce_rows(
+    logits: Tensor,
+    target: Tensor,
+    loss_rows: Tensor,
+    lse: Tensor,
+    grad_scale: Tensor,
+    smoothing: float,
+    ignore_index: int,
+    write_grad: bool,
+    classes: int | None = None,
+) -> None:
     """Launch the row kernel on a (rows, V) block; optionally grad in place.  Only the
     first ``classes`` columns are read (and written)."""
     rows, vocab = logits.shape
     vocab = vocab if classes is None else classes
     if rows == 0:
         return
-    launch(_triton_kernels(interpreting()).fwd, (rows,), logits, target, loss_rows, lse,
-           grad_scale, logits.stride(0), vocab, ignore_index, smoothing,
-           WRITE_GRAD=write_grad, ACC=acc_dtype(logits.dtype), interp_meta=INTERPRET_META)
+    launch(
+        _triton_kernels(interpreting()).fwd,
+        (rows,),
+        logits,
+        target,
+        loss_rows,
+        lse,
+        grad_scale,
+        logits.stride(0),
+        vocab,
+        ignore_index,
+        smoothing,
+        WRITE_GRAD=write_grad,
+        ACC=acc_dtype(logits.dtype),
+        interp_meta=INTERPRET_META,
+    )
 
 
 # --- custom ops: opaque to torch.compile, shapes given by the fake kernels ---
 
+
 @torch.library.custom_op(f"{NAMESPACE}::cross_entropy_fwd", mutates_args=())
-def cross_entropy_fwd(logits: Tensor, target: Tensor, label_smoothing: float,
-                      ignore_index: int, classes: int) -> tuple[Tensor, Tensor]:
+def cross_entropy_fwd(
+    logits: Tensor, target: Tensor, label_smoothing: float, ignore_index: int, classes: int
+) -> tuple[Tensor, Tensor]:
     acc = _acc_torch(logits.dtype)
     loss_rows = logits.new_empty(logits.shape[:1], dtype=acc)
     lse = torch.empty_like(loss_rows)
-    _ce_rows(logits, target, loss_rows, lse, lse, label_smoothing, ignore_index, write_grad=False,
-             classes=classes)
+    _ce_rows(
+        logits, target, loss_rows, lse, lse, label_smoothing, ignore_index, write_grad=False, classes=classes
+    )
     n_valid = (target != ignore_index).sum()
     # 0/0 -> nan when every target is ignored, exactly like F.cross_entropy.
     return loss_rows.sum() / n_valid, lse
@@ -172,8 +241,9 @@ def _(logits, target, label_smoothing, ignore_index, classes):
 
 
 @torch.library.custom_op(f"{NAMESPACE}::cross_entropy_fwd_inplace", mutates_args=("logits",))
-def cross_entropy_fwd_inplace(logits: Tensor, target: Tensor, label_smoothing: float,
-                              ignore_index: int, classes: int) -> Tensor:
+def cross_entropy_fwd_inplace(
+    logits: Tensor, target: Tensor, label_smoothing: float, ignore_index: int, classes: int
+) -> Tensor:
     """The loss, with ``logits`` overwritten by d(loss)/d(logits) (Liger-Kernel's scheme);
     columns past ``classes`` (padding) get a zero gradient."""
     acc = _acc_torch(logits.dtype)
@@ -181,8 +251,17 @@ def cross_entropy_fwd_inplace(logits: Tensor, target: Tensor, label_smoothing: f
     lse = torch.empty_like(loss_rows)
     n_valid = (target != ignore_index).sum()
     grad_scale = torch.where(n_valid > 0, 1.0 / n_valid.to(acc), 0.0).to(acc).reshape(1)
-    _ce_rows(logits, target, loss_rows, lse, grad_scale, label_smoothing, ignore_index,
-             write_grad=True, classes=classes)
+    _ce_rows(
+        logits,
+        target,
+        loss_rows,
+        lse,
+        grad_scale,
+        label_smoothing,
+        ignore_index,
+        write_grad=True,
+        classes=classes,
+    )
     if classes < logits.shape[1]:
         logits[:, classes:].zero_()
     return loss_rows.sum() / n_valid
@@ -197,8 +276,15 @@ def _(logits, target, label_smoothing, ignore_index, classes):
 def scale_(x: Tensor, scale: Tensor) -> None:
     """x *= scale (a one-element tensor), skipped on the device when scale == 1."""
     if x.numel():
-        launch(_triton_kernels(interpreting()).scale, lambda meta: (triton.cdiv(x.numel(), 4096),),
-               x, scale.reshape(1).to(_acc_torch(x.dtype)), x.numel(), BLOCK=4096, interp_meta={})
+        launch(
+            _triton_kernels(interpreting()).scale,
+            lambda meta: (triton.cdiv(x.numel(), 4096),),
+            x,
+            scale.reshape(1).to(_acc_torch(x.dtype)),
+            x.numel(),
+            BLOCK=4096,
+            interp_meta={},
+        )
 
 
 @scale_.register_fake
@@ -207,8 +293,15 @@ def _(x, scale):
 
 
 @torch.library.custom_op(f"{NAMESPACE}::cross_entropy_bwd", mutates_args=())
-def cross_entropy_bwd(grad: Tensor, logits: Tensor, target: Tensor, lse: Tensor,
-                      label_smoothing: float, ignore_index: int, classes: int) -> Tensor:
+def cross_entropy_bwd(
+    grad: Tensor,
+    logits: Tensor,
+    target: Tensor,
+    lse: Tensor,
+    label_smoothing: float,
+    ignore_index: int,
+    classes: int,
+) -> Tensor:
     rows, vocab = logits.shape[0], classes
     dlogits = torch.empty_like(logits)
     if classes < logits.shape[1]:  # padding columns: no class, no gradient
@@ -218,9 +311,22 @@ def cross_entropy_bwd(grad: Tensor, logits: Tensor, target: Tensor, lse: Tensor,
     # d(mean)/d(row) as a device scalar: no host sync.  Ignored rows get 0 in
     # the kernel, so n_valid == 0 (scale inf) never reaches memory.
     grad_scale = (grad.to(lse.dtype) / (target != ignore_index).sum()).reshape(1)
-    launch(_triton_kernels(interpreting()).bwd, (rows,), logits, target, lse, dlogits, grad_scale,
-           logits.stride(0), dlogits.stride(0), vocab, ignore_index, label_smoothing,
-           ACC=acc_dtype(logits.dtype), interp_meta=INTERPRET_META)
+    launch(
+        _triton_kernels(interpreting()).bwd,
+        (rows,),
+        logits,
+        target,
+        lse,
+        dlogits,
+        grad_scale,
+        logits.stride(0),
+        dlogits.stride(0),
+        vocab,
+        ignore_index,
+        label_smoothing,
+        ACC=acc_dtype(logits.dtype),
+        interp_meta=INTERPRET_META,
+    )
     return dlogits
 
 
@@ -240,8 +346,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         logits, target, lse = ctx.saved_tensors
-        dlogits = cross_entropy_bwd(grad, logits, target, lse, ctx.smoothing, ctx.ignore_index,
-                                    ctx.classes)
+        dlogits = cross_entropy_bwd(grad, logits, target, lse, ctx.smoothing, ctx.ignore_index, ctx.classes)
         return dlogits, None, None, None, None
 
 
@@ -273,9 +378,14 @@ class CrossEntropyInplaceFunction(torch.autograd.Function):
         return dlogits, None, None, None, None
 
 
-def cross_entropy_triton(logits: Tensor, target: Tensor, label_smoothing: float = 0.0,
-                         ignore_index: int = -100, inplace_backward: bool = False,
-                         classes: int | None = None) -> Tensor:
+def cross_entropy_triton(
+    logits: Tensor,
+    target: Tensor,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+    inplace_backward: bool = False,
+    classes: int | None = None,
+) -> Tensor:
     logits, target = _rows(logits, target, "cross_entropy")
     classes = logits.shape[1] if classes is None else int(classes)
     if not 0 < classes <= logits.shape[1]:
@@ -288,6 +398,7 @@ def cross_entropy_triton(logits: Tensor, target: Tensor, label_smoothing: float 
 
 # --- fused final linear + cross-entropy ------------------------------------
 
+
 def default_chunk_size(rows: int, vocab: int, hidden: int) -> int:
     # Liger-Kernel's heuristic: a chunk's logits (chunk x V) are about as large
     # as the whole hidden input (rows x H).
@@ -295,10 +406,15 @@ def default_chunk_size(rows: int, vocab: int, hidden: int) -> int:
 
 
 @torch.library.custom_op(f"{NAMESPACE}::fused_linear_cross_entropy_fwd", mutates_args=())
-def fused_linear_cross_entropy_fwd(hidden: Tensor, weight: Tensor, target: Tensor,
-                                   bias: Tensor | None, label_smoothing: float,
-                                   ignore_index: int, chunk_size: int
-                                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def fused_linear_cross_entropy_fwd(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias: Tensor | None,
+    label_smoothing: float,
+    ignore_index: int,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     rows, vocab = hidden.shape[0], weight.shape[0]
     acc = _acc_torch(hidden.dtype)
     n_valid = (target != ignore_index).sum()
@@ -314,8 +430,16 @@ def fused_linear_cross_entropy_fwd(hidden: Tensor, weight: Tensor, target: Tenso
         end = min(start + chunk_size, rows)
         h = hidden[start:end]
         logits = h @ weight.t() if bias is None else torch.addmm(bias, h, weight.t())
-        _ce_rows(logits, target[start:end], loss_rows[start:end], lse[start:end], grad_scale,
-                 label_smoothing, ignore_index, write_grad=True)
+        _ce_rows(
+            logits,
+            target[start:end],
+            loss_rows[start:end],
+            lse[start:end],
+            grad_scale,
+            label_smoothing,
+            ignore_index,
+            write_grad=True,
+        )
         grad = logits  # overwritten in place by the kernel
         torch.mm(grad, weight, out=d_hidden[start:end])
         if acc == grad.dtype:
@@ -339,7 +463,8 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, label_smoothing, ignore_index, chunk_size):
         loss, d_hidden, d_weight, d_bias = fused_linear_cross_entropy_fwd(
-            hidden, weight, target, bias, label_smoothing, ignore_index, chunk_size)
+            hidden, weight, target, bias, label_smoothing, ignore_index, chunk_size
+        )
         ctx.has_bias = bias is not None
         ctx.save_for_backward(d_hidden, d_weight, d_bias)
         return loss
@@ -352,9 +477,15 @@ class FusedLinearCrossEntropyFunction(torch.autograd.Function):
         return d_hidden * grad, d_weight * grad, None, d_bias, None, None, None
 
 
-def fused_linear_cross_entropy_triton(hidden: Tensor, weight: Tensor, target: Tensor, bias=None,
-                                      label_smoothing: float = 0.0, ignore_index: int = -100,
-                                      chunk_size=None) -> Tensor:
+def fused_linear_cross_entropy_triton(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    bias=None,
+    label_smoothing: float = 0.0,
+    ignore_index: int = -100,
+    chunk_size=None,
+) -> Tensor:
     shape = hidden.shape
     hidden = hidden.reshape(-1, shape[-1]).contiguous()
     target = target.reshape(-1).contiguous()
@@ -365,6 +496,6 @@ def fused_linear_cross_entropy_triton(hidden: Tensor, weight: Tensor, target: Te
     if chunk_size is None:
         chunk_size = default_chunk_size(hidden.shape[0], weight.shape[0], weight.shape[1])
     loss = FusedLinearCrossEntropyFunction.apply(
-        hidden, weight.contiguous(), target, bias, float(label_smoothing), int(ignore_index),
-        int(chunk_size))
+        hidden, weight.contiguous(), target, bias, float(label_smoothing), int(ignore_index), int(chunk_size)
+    )
     return loss

@@ -15,6 +15,7 @@ measurement stands for the shapes that tile the same way:
     cross_entropy                v<V>                     (vocabulary)
     fused_linear_cross_entropy   v<V>-h<H>                (vocabulary, hidden size)
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,8 +27,7 @@ import torch
 
 TABLE_PATH = Path(__file__).with_name("dispatch_table.json")
 TABLE_ENV = "KERNELS_DISPATCH_TABLE"
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-               torch.float64: "fp64"}
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
 def _pow2(n: int) -> int:
@@ -69,7 +69,7 @@ def gpu_name(device_index: int) -> str:
 # the answer is a constant for given arguments.
 @torch.compiler.assume_constant_result
 def measured_impl(op: str, dtype: str, bucket: str, device_index: int) -> str:
-    """"triton" where the table records a Triton win for this GPU, op, dtype and bucket."""
+    """ "triton" where the table records a Triton win for this GPU, op, dtype and bucket."""
     entry = table().get((gpu_name(device_index), op, dtype, bucket))
     return "triton" if entry is not None and entry["impl"] == "triton" else "torch"
 

@@ -8,6 +8,7 @@ partial sums to a (programs, N) buffer that torch reduces (the scheme of the
 Triton layer-norm tutorial and Liger-Kernel, with multi-row tiles so that short
 rows still keep enough loads in flight).
 """
+
 import functools
 from types import SimpleNamespace
 
@@ -15,8 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._common import (NAMESPACE, acc_dtype, launch, maybe_autotune, next_power_of_2,
-                      num_programs, interpreting, tl, triton)
+from ._common import (
+    NAMESPACE,
+    acc_dtype,
+    interpreting,
+    launch,
+    maybe_autotune,
+    next_power_of_2,
+    num_programs,
+    tl,
+    triton,
+)
 
 # A row is held in one block; beyond 64 KiB per row it would spill registers.
 MAX_ROW_BYTES = 65536
@@ -39,23 +49,41 @@ def _configs():
     # and more warps.  (BLOCK_M, warps): the configs an H100 chose at rows of
     # 768-4096 (kernels/NOTES.md), plus one-row tiles for longer rows.  The first
     # surviving config is the default when autotuning is off (KERNELS_AUTOTUNE=0).
-    return [triton.Config({"BLOCK_M": bm}, num_warps=w)
-            for bm, w in ((4, 4), (8, 4), (2, 4), (8, 8), (2, 16), (4, 16), (1, 8), (1, 16))]
+    return [
+        triton.Config({"BLOCK_M": bm}, num_warps=w)
+        for bm, w in ((4, 4), (8, 4), (2, 4), (8, 8), (2, 16), (4, 16), (1, 8), (1, 16))
+    ]
 
 
 def _prune(configs, nargs, **kwargs):
     """Drop tiles larger than MAX_TILE elements and warps with under one row each."""
     block_n = kwargs["BLOCK_N"]
-    return [c for c in configs
-            if c.kwargs["BLOCK_M"] * block_n <= MAX_TILE
-            and c.num_warps * 32 <= c.kwargs["BLOCK_M"] * block_n]
+    return [
+        c
+        for c in configs
+        if c.kwargs["BLOCK_M"] * block_n <= MAX_TILE and c.num_warps * 32 <= c.kwargs["BLOCK_M"] * block_n
+    ]
 
 
 @functools.cache
 def _triton_kernels(interpret: bool):
     @triton.jit
-    def layer_norm_fwd_kernel(X, Y, W, B, Mean, Rstd, stride_x, stride_y, M, N, eps,
-            BLOCK_N: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr):
+    def layer_norm_fwd_kernel(
+        X,
+        Y,
+        W,
+        B,
+        Mean,
+        Rstd,
+        stride_x,
+        stride_y,
+        M,
+        N,
+        eps,
+        BLOCK_N: tl.constexpr,
+        ACC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+    ):
         rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         cols = tl.arange(0, BLOCK_N)
         row_ok = rows < M
@@ -74,8 +102,24 @@ def _triton_kernels(interpret: bool):
         tl.store(Rstd + rows, rstd, mask=row_ok)
 
     @triton.jit
-    def layer_norm_bwd_kernel(DY, X, W, Mean, Rstd, DX, DW, DB, stride_dy, stride_x, stride_dx,
-            M, N, BLOCK_N: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr):
+    def layer_norm_bwd_kernel(
+        DY,
+        X,
+        W,
+        Mean,
+        Rstd,
+        DX,
+        DW,
+        DB,
+        stride_dy,
+        stride_x,
+        stride_dx,
+        M,
+        N,
+        BLOCK_N: tl.constexpr,
+        ACC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+    ):
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_N)
         col_ok = cols < N
@@ -98,8 +142,7 @@ def _triton_kernels(interpret: bool):
             c1 = tl.sum(xhat * wdy, axis=1) / N
             c2 = tl.sum(wdy, axis=1) / N
             dx = (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
-            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
-                     mask=mask)
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
             dw += tl.sum(dy * xhat, axis=0)
             db += tl.sum(dy, axis=0)
         tl.store(DW + pid * N + cols, dw, mask=col_ok)
@@ -107,18 +150,18 @@ def _triton_kernels(interpret: bool):
 
     prune = {"early_config_prune": _prune}
     return SimpleNamespace(
-        fwd=maybe_autotune(layer_norm_fwd_kernel, _configs(), ["N"], interpret,
-                           prune_configs_by=prune),
-        bwd=maybe_autotune(layer_norm_bwd_kernel, _configs(), ["N"], interpret,
-                           prune_configs_by=prune),
+        fwd=maybe_autotune(layer_norm_fwd_kernel, _configs(), ["N"], interpret, prune_configs_by=prune),
+        bwd=maybe_autotune(layer_norm_bwd_kernel, _configs(), ["N"], interpret, prune_configs_by=prune),
     )
 
 
 def _block_n(x: Tensor) -> int:
     n = x.shape[-1]
     if n * x.element_size() > MAX_ROW_BYTES:
-        raise ValueError(f"kernels.layer_norm: triton path supports rows up to "
-                         f"{MAX_ROW_BYTES} bytes, got {n} x {x.element_size()}")
+        raise ValueError(
+            f"kernels.layer_norm: triton path supports rows up to "
+            f"{MAX_ROW_BYTES} bytes, got {n} x {x.element_size()}"
+        )
     return next_power_of_2(n)
 
 
@@ -127,6 +170,7 @@ def _stat_dtype(x: Tensor) -> torch.dtype:
 
 
 # --- custom ops: opaque to torch.compile, shapes given by the fake kernels ---
+
 
 @torch.library.custom_op(f"{NAMESPACE}::layer_norm_fwd", mutates_args=())
 def layer_norm_fwd(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -138,8 +182,24 @@ def layer_norm_fwd(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> tuple
         return y, mean, rstd
     kern = _triton_kernels(interpreting())
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)  # noqa: E731
-    launch(kern.fwd, grid, x, y, weight, bias, mean, rstd, x.stride(0), y.stride(0), m, n, eps,
-           BLOCK_N=_block_n(x), ACC=acc_dtype(x.dtype), interp_meta=INTERPRET_META)
+    launch(
+        kern.fwd,
+        grid,
+        x,
+        y,
+        weight,
+        bias,
+        mean,
+        rstd,
+        x.stride(0),
+        y.stride(0),
+        m,
+        n,
+        eps,
+        BLOCK_N=_block_n(x),
+        ACC=acc_dtype(x.dtype),
+        interp_meta=INTERPRET_META,
+    )
     return y, mean, rstd
 
 
@@ -150,8 +210,9 @@ def _(x, weight, bias, eps):
 
 
 @torch.library.custom_op(f"{NAMESPACE}::layer_norm_bwd", mutates_args=())
-def layer_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
-                   rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def layer_norm_bwd(
+    dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor, rstd: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
     m, n = x.shape
     dx = torch.empty_like(x)
     programs = num_programs(x.device, m)
@@ -159,9 +220,26 @@ def layer_norm_bwd(dy: Tensor, x: Tensor, weight: Tensor, mean: Tensor,
     part_b = torch.zeros_like(part_w)
     if m > 0:
         kern = _triton_kernels(interpreting())
-        launch(kern.bwd, (programs,), dy, x, weight, mean, rstd, dx, part_w, part_b,
-               dy.stride(0), x.stride(0), dx.stride(0), m, n,
-               BLOCK_N=_block_n(x), ACC=acc_dtype(x.dtype), interp_meta=INTERPRET_META)
+        launch(
+            kern.bwd,
+            (programs,),
+            dy,
+            x,
+            weight,
+            mean,
+            rstd,
+            dx,
+            part_w,
+            part_b,
+            dy.stride(0),
+            x.stride(0),
+            dx.stride(0),
+            m,
+            n,
+            BLOCK_N=_block_n(x),
+            ACC=acc_dtype(x.dtype),
+            interp_meta=INTERPRET_META,
+        )
     return dx, part_w.sum(0).to(weight.dtype), part_b.sum(0).to(weight.dtype)
 
 
@@ -181,8 +259,7 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x2, weight, mean, rstd = ctx.saved_tensors
-        dx, dw, db = layer_norm_bwd(
-            dy.reshape(x2.shape).contiguous(), x2, weight, mean, rstd)
+        dx, dw, db = layer_norm_bwd(dy.reshape(x2.shape).contiguous(), x2, weight, mean, rstd)
         return dx.view(dy.shape), dw, db, None
 
 

@@ -8,6 +8,7 @@ torch reduces, as in the LayerNorm backward.
 
 swiglu(a, b) = F.silu(a) * b (the LLaMA-style gated MLP), fused both ways.
 """
+
 import functools
 from types import SimpleNamespace
 
@@ -34,8 +35,10 @@ def _configs():
     # rows per program; warps scale with the tile.
     # The configs an H100 chose at widths 3072-16384 (kernels/NOTES.md); the first
     # is the default when autotuning is off.
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w)
-            for bm, bn, w in ((8, 256, 4), (16, 256, 8), (32, 128, 4), (1, 1024, 4))]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w)
+        for bm, bn, w in ((8, 256, 4), (16, 256, 8), (32, 128, 4), (1, 1024, 4))
+    ]
 
 
 def _flat_configs():
@@ -45,8 +48,9 @@ def _flat_configs():
 @functools.cache
 def _triton_kernels(interpret: bool):
     @triton.jit
-    def bias_gelu_fwd_kernel(X, B, Y, M, N, stride_x, stride_y, ACC: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def bias_gelu_fwd_kernel(
+        X, B, Y, M, N, stride_x, stride_y, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+    ):
         rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows[:, None] < M) & (cols[None, :] < N)
@@ -57,8 +61,21 @@ def _triton_kernels(interpret: bool):
         tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def bias_gelu_bwd_kernel(DY, X, B, DX, DB, M, N, stride_dy, stride_x, stride_dx, ACC: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    def bias_gelu_bwd_kernel(
+        DY,
+        X,
+        B,
+        DX,
+        DB,
+        M,
+        N,
+        stride_dy,
+        stride_x,
+        stride_dx,
+        ACC: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
         pid_m = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
@@ -75,8 +92,7 @@ def _triton_kernels(interpret: bool):
             cdf = 0.5 * (1.0 + tl.math.erf(z * 0.7071067811865476))
             pdf = tl.exp(-0.5 * z * z) * 0.3989422804014327  # 1/sqrt(2*pi)
             dz = dy * (cdf + z * pdf)  # 0 on masked lanes since dy = 0 there
-            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dz.to(DX.dtype.element_ty),
-                     mask=mask)
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dz.to(DX.dtype.element_ty), mask=mask)
             db += tl.sum(dz, axis=0)
         tl.store(DB + pid_m * N + cols, db, mask=col_ok)
 
@@ -111,6 +127,7 @@ def _triton_kernels(interpret: bool):
 
 # --- custom ops: opaque to torch.compile, shapes given by the fake kernels ---
 
+
 @torch.library.custom_op(f"{NAMESPACE}::bias_gelu_fwd", mutates_args=())
 def bias_gelu_fwd(x: Tensor, bias: Tensor) -> Tensor:
     m, n = x.shape
@@ -118,8 +135,19 @@ def bias_gelu_fwd(x: Tensor, bias: Tensor) -> Tensor:
     if m == 0 or n == 0:
         return y
     grid = lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-    launch(_triton_kernels(interpreting()).gelu_fwd, grid, x, bias, y, m, n, x.stride(0),
-           y.stride(0), ACC=acc_dtype(x.dtype), interp_meta=INTERPRET_META)
+    launch(
+        _triton_kernels(interpreting()).gelu_fwd,
+        grid,
+        x,
+        bias,
+        y,
+        m,
+        n,
+        x.stride(0),
+        y.stride(0),
+        ACC=acc_dtype(x.dtype),
+        interp_meta=INTERPRET_META,
+    )
     return y
 
 
@@ -136,9 +164,22 @@ def bias_gelu_bwd(dy: Tensor, x: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
     part = x.new_zeros((programs, n), dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
     if m > 0 and n > 0:
         grid = lambda meta: (programs, triton.cdiv(n, meta["BLOCK_N"]))  # noqa: E731
-        launch(_triton_kernels(interpreting()).gelu_bwd, grid, dy, x, bias, dx, part, m, n,
-               dy.stride(0), x.stride(0), dx.stride(0), ACC=acc_dtype(x.dtype),
-               interp_meta=INTERPRET_META)
+        launch(
+            _triton_kernels(interpreting()).gelu_bwd,
+            grid,
+            dy,
+            x,
+            bias,
+            dx,
+            part,
+            m,
+            n,
+            dy.stride(0),
+            x.stride(0),
+            dx.stride(0),
+            ACC=acc_dtype(x.dtype),
+            interp_meta=INTERPRET_META,
+        )
     return dx, part.sum(0).to(bias.dtype)
 
 
@@ -174,9 +215,16 @@ def bias_gelu_triton(x: Tensor, bias: Tensor) -> Tensor:
 def swiglu_fwd(a: Tensor, b: Tensor) -> Tensor:
     y = torch.empty_like(a)
     if a.numel():
-        launch(_triton_kernels(interpreting()).swiglu_fwd,
-               lambda meta: (triton.cdiv(a.numel(), meta["BLOCK"]),), a, b, y, a.numel(),
-               ACC=acc_dtype(a.dtype), interp_meta={"BLOCK": 64})
+        launch(
+            _triton_kernels(interpreting()).swiglu_fwd,
+            lambda meta: (triton.cdiv(a.numel(), meta["BLOCK"]),),
+            a,
+            b,
+            y,
+            a.numel(),
+            ACC=acc_dtype(a.dtype),
+            interp_meta={"BLOCK": 64},
+        )
     return y
 
 
@@ -189,9 +237,18 @@ def _(a, b):
 def swiglu_bwd(dy: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     da, db = torch.empty_like(a), torch.empty_like(b)
     if a.numel():
-        launch(_triton_kernels(interpreting()).swiglu_bwd,
-               lambda meta: (triton.cdiv(a.numel(), meta["BLOCK"]),), dy, a, b, da, db, a.numel(),
-               ACC=acc_dtype(a.dtype), interp_meta={"BLOCK": 64})
+        launch(
+            _triton_kernels(interpreting()).swiglu_bwd,
+            lambda meta: (triton.cdiv(a.numel(), meta["BLOCK"]),),
+            dy,
+            a,
+            b,
+            da,
+            db,
+            a.numel(),
+            ACC=acc_dtype(a.dtype),
+            interp_meta={"BLOCK": 64},
+        )
     return da, db
 
 

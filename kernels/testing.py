@@ -1,4 +1,5 @@
 """Helpers for checking a kernel against its torch reference (used by tests)."""
+
 import torch
 
 
@@ -25,6 +26,7 @@ def assert_matches(fn, ref_fn, inputs, rtol: float, atol: float, grad_fn_name: s
     torch.testing.assert_close(out, ref, rtol=rtol, atol=atol, equal_nan=True)
     assert len(grads) == len(ref_grads)
     for i, (g, r) in enumerate(zip(grads, ref_grads)):
-        torch.testing.assert_close(g, r, rtol=rtol, atol=atol, equal_nan=True,
-                                   msg=lambda m, i=i: f"gradient of input {i}: {m}")
+        torch.testing.assert_close(
+            g, r, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m, i=i: f"gradient of input {i}: {m}"
+        )
     return out, grads

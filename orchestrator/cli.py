@@ -25,7 +25,8 @@ class UsageError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="orchestrator",
-        description="Train PyTorch models from YAML job specs, locally or on a Ray cluster.")
+        description="Train PyTorch models from YAML job specs, locally or on a Ray cluster.",
+    )
     parser.add_argument("--version", action="version", version=f"orchestrator {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
@@ -36,8 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
 def add_spec_arguments(parser: argparse.ArgumentParser, many: bool = False) -> None:
     """SPEC and the --set overrides every command that takes a spec accepts."""
     parser.add_argument("spec", nargs="+" if many else None, metavar="SPEC", help="job spec YAML file")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a spec field, e.g. --set train.steps=20 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. --set train.steps=20 (repeatable)",
+    )
 
 
 def report_spec_error(err: SpecError) -> int:
@@ -47,8 +54,7 @@ def report_spec_error(err: SpecError) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -17,11 +17,13 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
-TOKEN_HELP = ("get the token on the head node with `ray get-auth-token` and put it in"
-              " ~/.ray/auth_token here, or set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH to a file"
-              " holding it)")
+TOKEN_HELP = (
+    "get the token on the head node with `ray get-auth-token` and put it in"
+    " ~/.ray/auth_token here, or set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH to a file"
+    " holding it)"
+)
 
 
 class ClusterError(Exception):
@@ -85,19 +87,20 @@ def auth_message(where: str) -> str:
 # --- the driver's connection ----------------------------------------------------------------
 
 
-def driver_address(address: Optional[str]) -> Optional[str]:
+def driver_address(address: str | None) -> str | None:
     """--address, else $RAY_ADDRESS, else None (start a local cluster)."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address and address.startswith(("http://", "https://")):
         raise ClusterError(
             f"'{address}' is a dashboard (Jobs API) address; `orchestrator run` needs the cluster"
             " address, e.g. head-node:6379 (or `auto` on a cluster node); to send the job to the"
-            " cluster from here use `orchestrator submit`")
+            " cluster from here use `orchestrator submit`"
+        )
     return address
 
 
 @contextlib.contextmanager
-def connect(address: Optional[str], num_cpus: int = 1) -> Iterator[str]:
+def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
     """Join the cluster at `address`, or start a private local one; yields a description.
 
     A local cluster gets a short temp dir of its own (Unix socket paths are limited to 107
@@ -116,15 +119,21 @@ def connect(address: Optional[str], num_cpus: int = 1) -> Iterator[str]:
             except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError
                 if is_auth_error(err):
                     raise ClusterError(auth_message(address)) from None
-                raise ClusterError(f"cannot connect to the Ray cluster at '{address}':"
-                                   f" {_first_line(err)}") from None
+                raise ClusterError(
+                    f"cannot connect to the Ray cluster at '{address}': {_first_line(err)}"
+                ) from None
             where = f"Ray cluster at {address}"
         else:
             temp_dir = tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp")
             # a new local cluster uses token auth (Ray's default); no need to warn about it
             logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
-            ray.init(num_cpus=max(os.cpu_count() or 1, num_cpus), include_dashboard=False,
-                     _temp_dir=temp_dir, log_to_driver=False, logging_level=logging.WARNING)
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, num_cpus),
+                include_dashboard=False,
+                _temp_dir=temp_dir,
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+            )
             where = f"local Ray ({int(ray.cluster_resources().get('CPU', 0))} CPUs)"
         yield where
     finally:
@@ -137,14 +146,18 @@ def connect(address: Optional[str], num_cpus: int = 1) -> Iterator[str]:
 # --- the Jobs API ----------------------------------------------------------------------------
 
 
-def jobs_client(address: Optional[str]):
+def jobs_client(address: str | None):
     """A `JobSubmissionClient` for --address, else $RAY_API_SERVER_ADDRESS / $RAY_ADDRESS."""
     if address:
         # Ray lets the environment override an explicit address; here the option wins
         os.environ.pop("RAY_API_SERVER_ADDRESS", None)
         os.environ["RAY_ADDRESS"] = address
-    where = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS") \
+    where = (
+        address
+        or os.environ.get("RAY_API_SERVER_ADDRESS")
+        or os.environ.get("RAY_ADDRESS")
         or "the local Ray cluster"
+    )
     use_token_if_available()
     from ray.job_submission import JobSubmissionClient
 
@@ -161,8 +174,10 @@ def translate(err: BaseException, where: str) -> ClusterError:
         return ClusterError(auth_message(where))
     text = _first_line(err)
     if "Failed to connect" in text or "Connection refused" in text or "ConnectionError" in type(err).__name__:
-        return ClusterError(f"cannot reach the Ray Jobs API at {where}: is the cluster up, and is"
-                            f" the address its dashboard (http://HEAD:8265)? ({text})")
+        return ClusterError(
+            f"cannot reach the Ray Jobs API at {where}: is the cluster up, and is"
+            f" the address its dashboard (http://HEAD:8265)? ({text})"
+        )
     return ClusterError(f"{where}: {text}")
 
 

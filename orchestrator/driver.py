@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 import time
-from typing import Optional
 
 from orchestrator import cluster
 from orchestrator.spec import JobSpec
@@ -31,7 +30,7 @@ POLL_S = 1.0  # progress lines once a second; each poll is an actor call
 REMOTE_METRICS_EVERY_S = 10.0  # rewriting an object per poll would be wasteful
 
 
-def run(spec: JobSpec, address: Optional[str] = None, summary_path: Optional[str] = None) -> int:
+def run(spec: JobSpec, address: str | None = None, summary_path: str | None = None) -> int:
     if "://" not in spec.checkpoint.storage:  # workers run in other directories
         spec.checkpoint.storage = os.path.abspath(os.path.expanduser(spec.checkpoint.storage))
     run = run_name(spec)  # once, here: every worker and every restart must agree on it
@@ -45,15 +44,20 @@ def run(spec: JobSpec, address: Optional[str] = None, summary_path: Optional[str
                 # after ray.init, whose own SIGTERM handler would end the process mid-C++
                 signal.signal(signal.SIGTERM, _raise_stopped)
             _check_resources(spec, local=address is None)
-            print(f"[{spec.name}] {spec.resources.num_workers} worker(s) on {where};"
-                  f" checkpoints in {run_uri}", flush=True)
+            print(
+                f"[{spec.name}] {spec.resources.num_workers} worker(s) on {where}; checkpoints in {run_uri}",
+                flush=True,
+            )
             summary = _fit(spec, run, run_uri)
     except (cluster.ClusterError, OSError) as err:
         print(f"error: {spec.name}: {err}", file=sys.stderr, flush=True)
         return 1
     except Stopped:
-        print(f"error: {spec.name}: stopped (SIGTERM); its checkpoints stay in {run_uri}",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: {spec.name}: stopped (SIGTERM); its checkpoints stay in {run_uri}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 + signal.SIGTERM
     write_summary(summary, summary_path)
     if summary.get("steps") is not None:
@@ -93,7 +97,7 @@ def _check_resources(spec: JobSpec, local: bool) -> None:
     gpus = spec.resources.num_workers * spec.resources.gpus_per_worker
     have = ray.cluster_resources().get("GPU", 0)
     if gpus > have:
-        text = (f"resources: the job asks for {gpus:g} GPU(s) and the cluster has {have:g}")
+        text = f"resources: the job asks for {gpus:g} GPU(s) and the cluster has {have:g}"
         if local:
             raise cluster.ClusterError(text + "; set resources.gpus_per_worker=0 to train on CPUs")
         print(f"[{spec.name}] warning: {text}; waiting for the autoscaler", flush=True)
@@ -115,12 +119,16 @@ def _trainer(spec: JobSpec, run: str, sink):
         train_worker,
         train_loop_config={"spec": spec, "run": run, "sink": sink},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=res.num_workers, use_gpu=use_gpu,
-                                     resources_per_worker=per_worker),
+        scaling_config=ScalingConfig(
+            num_workers=res.num_workers, use_gpu=use_gpu, resources_per_worker=per_worker
+        ),
         run_config=RunConfig(
-            name=run, storage_path=path, storage_filesystem=fs,
+            name=run,
+            storage_path=path,
+            storage_filesystem=fs,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep),
-            failure_config=FailureConfig(max_failures=spec.fault_tolerance.max_failures)),
+            failure_config=FailureConfig(max_failures=spec.fault_tolerance.max_failures),
+        ),
     )
 
 
@@ -132,8 +140,7 @@ def _fit(spec: JobSpec, run: str, run_uri: str) -> dict:
 
     # the sink lives on the driver's node, so losing a worker node never loses the log
     here = ray.get_runtime_context().get_node_id()
-    sink = MetricsSink.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+    sink = MetricsSink.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
     trainer = _trainer(spec, run, sink)
     failure: list[BaseException] = []
 
@@ -153,7 +160,7 @@ def _fit(spec: JobSpec, run: str, run_uri: str) -> dict:
     return _summary(spec, run, ray.get(sink.outcome.remote()), failure, monitor)
 
 
-def _summary(spec: JobSpec, run: str, outcome: dict, failure: list, monitor: "Monitor") -> dict:
+def _summary(spec: JobSpec, run: str, outcome: dict, failure: list, monitor: Monitor) -> dict:
     error, summary = outcome["error"], outcome["summary"]
     reason = None  # why the run failed, in the workers' own words where they gave them
     if error and not error["retry"]:
@@ -163,22 +170,30 @@ def _summary(spec: JobSpec, run: str, outcome: dict, failure: list, monitor: "Mo
     elif summary is None:
         reason = "the workers stopped without a result"
     if reason is not None and (summary is None or summary["status"] != "failed"):
-        summary = {"job": spec.name, "run": run, "status": "failed", "reason": reason,
-                   "steps": monitor.last_step, "checkpoint": monitor.last_checkpoint,
-                   "samples_per_s": 0.0}
-    summary.update(restarts=max(outcome["attempts"] - 1, 0),
-                   resumed_from_step=outcome["resumed_from"])
+        summary = {
+            "job": spec.name,
+            "run": run,
+            "status": "failed",
+            "reason": reason,
+            "steps": monitor.last_step,
+            "checkpoint": monitor.last_checkpoint,
+            "samples_per_s": 0.0,
+        }
+    summary.update(restarts=max(outcome["attempts"] - 1, 0), resumed_from_step=outcome["resumed_from"])
     return summary
 
 
-def _failure_reason(err: BaseException, error: Optional[dict], max_failures: int) -> str:
+def _failure_reason(err: BaseException, error: dict | None, max_failures: int) -> str:
     """One line for a run Ray gave up on: which worker died or failed, and how."""
     import ray.exceptions
 
     failures = getattr(err, "worker_failures", None) or {}  # WorkerGroupError: rank -> error
     # a dead worker shows up as a failed health check wrapping the actor's death
-    died = [rank for rank, e in sorted(failures.items()) if isinstance(
-        getattr(e, "health_check_failure", e), ray.exceptions.RayActorError)]
+    died = [
+        rank
+        for rank, e in sorted(failures.items())
+        if isinstance(getattr(e, "health_check_failure", e), ray.exceptions.RayActorError)
+    ]
     if died:
         head = f"worker rank {died[0]} died (killed, out of memory or its node lost)"
     elif error:  # the failure the workers reported themselves
@@ -200,9 +215,9 @@ class Monitor:
         self.remote = not storage.is_local(run_uri)
         self.cursor = self.version = 0
         self.last_write = 0.0
-        self.pending: Optional[list] = None
-        self.last_step: Optional[int] = None
-        self.last_checkpoint: Optional[str] = None
+        self.pending: list | None = None
+        self.last_step: int | None = None
+        self.last_checkpoint: str | None = None
         self.tag = f"[{spec.name}]"
 
     def poll(self, final: bool = False) -> None:
@@ -217,8 +232,9 @@ class Monitor:
             self._show(event)
         if state["records"] is not None:
             self.pending = state["records"]
-        if self.pending is not None and (final or not self.remote
-                                         or time.time() - self.last_write > REMOTE_METRICS_EVERY_S):
+        if self.pending is not None and (
+            final or not self.remote or time.time() - self.last_write > REMOTE_METRICS_EVERY_S
+        ):
             self._write(self.pending)
             self.pending, self.last_write = None, time.time()
 
@@ -237,8 +253,12 @@ class Monitor:
         elif kind == "start":
             _, attempt, step = event
             if attempt:
-                print(f"{self.tag} restarted from the checkpoint at step {step}" if step else
-                      f"{self.tag} restarted from scratch (no checkpoint yet)", flush=True)
+                print(
+                    f"{self.tag} restarted from the checkpoint at step {step}"
+                    if step
+                    else f"{self.tag} restarted from scratch (no checkpoint yet)",
+                    flush=True,
+                )
             elif step:
                 print(f"{self.tag} resuming at step {step}", flush=True)
         elif kind == "checkpoint":
@@ -253,9 +273,15 @@ class Monitor:
         self.last_step = step
         if "loss" in r:
             total = f"/{self.spec.train.steps}" if self.spec.train.steps else ""
-            print(f"{self.tag} step {step}{total}  loss {r['loss']:.4f}  "
-                  f"{r.get('samples_per_s', 0):,.0f} samples/s  lr {r.get('lr', 0):.2e}", flush=True)
+            print(
+                f"{self.tag} step {step}{total}  loss {r['loss']:.4f}  "
+                f"{r.get('samples_per_s', 0):,.0f} samples/s  lr {r.get('lr', 0):.2e}",
+                flush=True,
+            )
         else:
-            evals = "  ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in r.items()
-                              if k.startswith("eval_") and isinstance(v, (int, float)))
+            evals = "  ".join(
+                f"{k.removeprefix('eval_')} {v:.4f}"
+                for k, v in r.items()
+                if k.startswith("eval_") and isinstance(v, (int, float))
+            )
             print(f"{self.tag} eval at step {step}: {evals}", flush=True)

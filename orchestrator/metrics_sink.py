@@ -13,7 +13,7 @@ worker can never land in the log after the restarted run rewound it to its check
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import ray
 
@@ -26,9 +26,9 @@ class MetricsSink:
         self.records: list[dict] = []  # the metrics log as it stands
         self.version = 0  # bumped whenever `records` changes
         self.events: list[tuple] = []  # what the driver prints, in order
-        self.summary: Optional[dict] = None
-        self.error: Optional[dict] = None
-        self.resumed_from: Optional[int] = None
+        self.summary: dict | None = None
+        self.error: dict | None = None
+        self.resumed_from: int | None = None
 
     # -- called by the workers -----------------------------------------------------------
 
@@ -70,7 +70,7 @@ class MetricsSink:
         if self.error is None or (not retry and self.error["retry"]):
             self.error = {"rank": rank, "reason": reason, "retry": retry}
 
-    def fatal(self) -> Optional[str]:
+    def fatal(self) -> str | None:
         """The reason of a failure not worth retrying, if there was one."""
         return self.error["reason"] if self.error and not self.error["retry"] else None
 
@@ -81,10 +81,17 @@ class MetricsSink:
 
     def poll(self, cursor: int, version: int) -> dict[str, Any]:
         """Events after `cursor`, and the whole log if it changed since `version`."""
-        return {"events": self.events[cursor:], "cursor": len(self.events),
-                "records": self.records if self.version != version else None,
-                "version": self.version}
+        return {
+            "events": self.events[cursor:],
+            "cursor": len(self.events),
+            "records": self.records if self.version != version else None,
+            "version": self.version,
+        }
 
     def outcome(self) -> dict[str, Any]:
-        return {"summary": self.summary, "error": self.error, "attempts": len(self.groups),
-                "resumed_from": self.resumed_from}
+        return {
+            "summary": self.summary,
+            "error": self.error,
+            "attempts": len(self.groups),
+            "resumed_from": self.resumed_from,
+        }

@@ -14,8 +14,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import pyarrow.fs as pafs
 import ray
@@ -56,13 +56,16 @@ class RayContext(RunContext):
         else:
             self.device = torch.device("cpu")
         group = ray.get_runtime_context().get_placement_group_id() or "no-placement-group"
-        self.attempt = ray.get(self.sink.join.remote(group, self.rank, self.world_size,
-                                                     os.getpid(), ray.util.get_node_ip_address()))
+        self.attempt = ray.get(
+            self.sink.join.remote(
+                group, self.rank, self.world_size, os.getpid(), ray.util.get_node_ip_address()
+            )
+        )
         self.restarts = self.attempt
 
     # -- checkpoints ----------------------------------------------------------------------
 
-    def resume_from(self) -> Optional[str]:
+    def resume_from(self) -> str | None:
         latest = ray.train.get_checkpoint()  # the newest checkpoint Ray registered for this run
         resume = self.spec.checkpoint.resume
         if latest is not None and (self.attempt > 0 or resume == "auto"):
@@ -76,11 +79,14 @@ class RayContext(RunContext):
             raise FileNotFoundError(f"checkpoint.resume: no checkpoint at '{resume}'")
         return self._local(*storage.resolve(resume))
 
-    def _newest_complete(self) -> Optional[str]:
+    def _newest_complete(self) -> str | None:
         for name in reversed(storage.list_dirs(self.run_uri)):
             uri = storage.join(self.run_uri, name)
-            if CHECKPOINT_PATTERN.match(name) and storage.exists(storage.join(uri, "trainer.pt")) \
-                    and storage.exists(storage.join(uri, ".metadata")):
+            if (
+                CHECKPOINT_PATTERN.match(name)
+                and storage.exists(storage.join(uri, "trainer.pt"))
+                and storage.exists(storage.join(uri, ".metadata"))
+            ):
                 return uri
         return None
 
@@ -91,8 +97,7 @@ class RayContext(RunContext):
         local = self._tmp / "resume"
         shutil.rmtree(local, ignore_errors=True)
         local.mkdir(parents=True)
-        pafs.copy_files(path, str(local), source_filesystem=fs,
-                        destination_filesystem=pafs.LocalFileSystem())
+        pafs.copy_files(path, str(local), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
         return str(local)
 
     def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
@@ -101,9 +106,12 @@ class RayContext(RunContext):
         write(str(local))
         # every rank reports its own files; Ray merges them into one directory in storage and
         # registers the checkpoint (and prunes to `keep`) only once all ranks have uploaded
-        ray.train.report({"step": step, **_plain(metrics)},
-                         checkpoint=ray.train.Checkpoint.from_directory(str(local)),
-                         checkpoint_dir_name=name, delete_local_checkpoint_after_upload=True)
+        ray.train.report(
+            {"step": step, **_plain(metrics)},
+            checkpoint=ray.train.Checkpoint.from_directory(str(local)),
+            checkpoint_dir_name=name,
+            delete_local_checkpoint_after_upload=True,
+        )
         uri = storage.join(self.run_uri, name)
         if self.is_main:
             self._send()
@@ -149,8 +157,9 @@ def _plain(record: dict) -> dict:
 def worth_retrying(err: BaseException) -> bool:
     """Infrastructure failures (a peer died, a network error) may pass on a restart; bad input,
     a checkpoint that does not fit and plain bugs would only fail again."""
-    if isinstance(err, (CheckpointError, FileNotFoundError, PermissionError, IsADirectoryError,
-                        NotADirectoryError)):
+    if isinstance(
+        err, (CheckpointError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+    ):
         return False
     return isinstance(err, (RuntimeError, OSError, ray.exceptions.RayError))
 

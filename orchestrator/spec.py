@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -29,9 +29,9 @@ class ModelSpec(Section):
 
 class DataSpec(Section):
     source: Literal["synthetic", "digits", "fashion-mnist", "text", "parquet"]
-    path: Optional[str] = None
+    path: str | None = None
     batch_size: int = Field(32, ge=1, description="global batch per optimizer step, across workers")
-    eval_batch_size: Optional[int] = Field(None, ge=1)
+    eval_batch_size: int | None = Field(None, ge=1)
     loader_workers: int = Field(0, ge=0, le=64)
     eval_split: float = Field(0.1, ge=0.0, le=0.5)
     seq_len: int = Field(128, ge=1)
@@ -42,7 +42,8 @@ class DataSpec(Section):
     num_classes: int = Field(10, ge=2)
     vocab_size: int = Field(256, ge=2)
     columns: dict[str, str] = Field(
-        default_factory=lambda: {"image": "image", "label": "label", "tokens": "tokens"})
+        default_factory=lambda: {"image": "image", "label": "label", "tokens": "tokens"}
+    )
     download: bool = False
 
 
@@ -52,21 +53,23 @@ class EarlyStoppingSpec(Section):
 
 
 class TrainSpec(Section):
-    steps: Optional[int] = Field(None, ge=1)
-    epochs: Optional[int] = Field(None, ge=1)
+    steps: int | None = Field(None, ge=1)
+    epochs: int | None = Field(None, ge=1)
     grad_accum: int = Field(1, ge=1)
-    clip_grad_norm: Optional[float] = Field(1.0, gt=0.0)
+    clip_grad_norm: float | None = Field(1.0, gt=0.0)
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
-    eval_every: Optional[int] = Field(None, ge=1)
-    eval_batches: Optional[int] = Field(None, ge=1)
+    eval_every: int | None = Field(None, ge=1)
+    eval_batches: int | None = Field(None, ge=1)
     seed: int = Field(0, ge=0)
-    early_stopping: Optional[EarlyStoppingSpec] = None
+    early_stopping: EarlyStoppingSpec | None = None
 
     @model_validator(mode="after")
     def _one_length(self):
         if (self.steps is None) == (self.epochs is None):
-            raise ValueError("set exactly one of train.steps or train.epochs"
-                             " (null unsets one, e.g. --set train.epochs=null)")
+            raise ValueError(
+                "set exactly one of train.steps or train.epochs"
+                " (null unsets one, e.g. --set train.epochs=null)"
+            )
         return self
 
 
@@ -98,8 +101,10 @@ class ParallelSpec(Section):
     activation_checkpointing: Literal["none", "full", "selective"] = "none"
     checkpoint_every: int = Field(2, ge=1, description="selective: checkpoint every k-th block")
     selective_policy: Literal["blocks", "ops"] = Field(
-        "blocks", description="selective: every k-th block ('blocks'), or every block saving only"
-                              " matmul and attention outputs ('ops')")
+        "blocks",
+        description="selective: every k-th block ('blocks'), or every block saving only"
+        " matmul and attention outputs ('ops')",
+    )
     reshard_after_forward: bool = True
     cpu_offload: bool = False
 
@@ -131,7 +136,7 @@ class ResourcesSpec(Section):
 
 class CheckpointSpec(Section):
     storage: str = "./runs"
-    every_steps: Optional[int] = Field(None, ge=1)
+    every_steps: int | None = Field(None, ge=1)
     keep: int = Field(3, ge=1)
     resume: str = "auto"
     async_save: bool = Field(False, alias="async")
@@ -155,7 +160,7 @@ class SchedulingSpec(Section):
 
 class MetricsSpec(Section):
     log_every: int = Field(10, ge=1)
-    prometheus_port: Optional[int] = Field(None, ge=1, le=65535)
+    prometheus_port: int | None = Field(None, ge=1, le=65535)
 
 
 class JobSpec(Section):
@@ -182,6 +187,7 @@ class JobSpec(Section):
 
 # --- cross-field checks -------------------------------------------------------------
 
+
 def cross_field_problems(spec: JobSpec) -> list[str]:
     """Checks that span sections; each returns 'dotted.path: reason'."""
     problems = []
@@ -189,20 +195,24 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
     if batch % (workers * accum):
         problems.append(
             f"data.batch_size: {batch} must be divisible by resources.num_workers x train.grad_accum"
-            f" = {workers} x {accum} = {workers * accum}")
+            f" = {workers} x {accum} = {workers * accum}"
+        )
     if spec.parallel.strategy == "none" and workers > 1:
         problems.append(
             f"parallel.strategy: 'none' trains on one worker, but resources.num_workers is {workers};"
-            " use 'ddp' or 'fsdp2'")
+            " use 'ddp' or 'fsdp2'"
+        )
     if spec.precision.dtype == "fp16" and spec.parallel.strategy == "fsdp2":
         from workers import parallel  # lazy: the data plane says what it supports
 
         if not getattr(parallel, "SHARDED_GRAD_SCALER", False):
-            problems.append("precision.dtype: fp16 with parallel.strategy 'fsdp2' needs a sharded"
-                            " grad scaler; use bf16")
+            problems.append(
+                "precision.dtype: fp16 with parallel.strategy 'fsdp2' needs a sharded grad scaler; use bf16"
+            )
     if spec.precision.dtype == "fp8" and spec.model.family not in {"vit", "gpt"}:
-        problems.append(f"precision.dtype: fp8 applies to Linear layers of vit and gpt models,"
-                        f" not '{spec.model.family}'")
+        problems.append(
+            f"precision.dtype: fp8 applies to Linear layers of vit and gpt models, not '{spec.model.family}'"
+        )
     if spec.checkpoint.async_save and spec.checkpoint.every_steps is None:
         problems.append("checkpoint.async: needs checkpoint.every_steps")
     if spec.train.eval_every is None and spec.train.early_stopping is not None:
@@ -217,8 +227,10 @@ def _model_and_data_problems(spec: JobSpec) -> list[str]:
     problems = [f"data.{path}: {msg}" for path, msg in data.check(spec.data)]
     # with valid data, model constraints are checked on the shapes the data gives (28px, ...)
     data_info = None if problems else data.describe(spec.data)
-    problems += [f"model.{path}: {msg}" for path, msg in
-                 models.check(spec.model.family, spec.model.preset, spec.model.overrides, data_info)]
+    problems += [
+        f"model.{path}: {msg}"
+        for path, msg in models.check(spec.model.family, spec.model.preset, spec.model.overrides, data_info)
+    ]
     return problems
 
 
@@ -258,7 +270,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise SpecError([f"--set {text}: '{'.'.join(path[:i + 1])}' is not a section"], "--set")
+                raise SpecError([f"--set {text}: '{'.'.join(path[: i + 1])}' is not a section"], "--set")
             node = child
         node[path[-1]] = value
     return raw
@@ -269,7 +281,7 @@ def read_yaml(path: str | Path) -> dict:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise SpecError([f"no such file"], str(path)) from None
+        raise SpecError(["no such file"], str(path)) from None
     except OSError as err:
         raise SpecError([f"cannot read: {err.strerror}"], str(path)) from None
     try:
@@ -282,8 +294,9 @@ def read_yaml(path: str | Path) -> dict:
     if raw is None:
         raise SpecError(["the file is empty"], str(path))
     if not isinstance(raw, dict):
-        raise SpecError([f"expected a mapping of sections at the top level, got {type(raw).__name__}"],
-                        str(path))
+        raise SpecError(
+            [f"expected a mapping of sections at the top level, got {type(raw).__name__}"], str(path)
+        )
     return raw
 
 
@@ -319,8 +332,7 @@ def _format_errors(err: ValidationError, raw: dict) -> list[str]:
         got = _value_at(raw, e["loc"])
         if kind == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
-            lines.append(f"{path}: {got!r} is not allowed; expected {allowed}"
-                         f"{_close_literal(got, allowed)}")
+            lines.append(f"{path}: {got!r} is not allowed; expected {allowed}{_close_literal(got, allowed)}")
             continue
         if kind == "string_pattern_mismatch" and loc == ["name"]:
             msg = "must be lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
@@ -401,9 +413,9 @@ def unimplemented(spec: JobSpec) -> list[str]:
     if spec.checkpoint.async_save and not getattr(parallel, "ASYNC_CHECKPOINT", False):
         problems.append("checkpoint.async: is not implemented yet")
     if spec.scheduling.priority != 0 or spec.scheduling.preemptible:
-        problems.append("scheduling: priorities and preemption are not implemented yet;"
-                        " leave scheduling at its defaults")
+        problems.append(
+            "scheduling: priorities and preemption are not implemented yet; leave scheduling at its defaults"
+        )
     if spec.metrics.prometheus_port is not None:
         problems.append("metrics.prometheus_port: the Prometheus exporter is not implemented yet")
     return problems
-

@@ -1,6 +1,15 @@
 import os
+import secrets
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -8,12 +17,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
-            module: str = "orchestrator") -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    timeout: float = 300,
+    module: str = "orchestrator",
+) -> subprocess.CompletedProcess:
     """Run `python -m <module> ARGS` as a user would, capturing output."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd or ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -22,16 +42,6 @@ def cli():
 
 
 # --- a real Ray cluster for the Ray tests: one per session, started like a user would --------
-
-import secrets
-import shutil
-import signal
-import socket
-import tempfile
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 
 
 @dataclass
@@ -63,20 +73,39 @@ def start_ray_head(num_cpus: int = 4) -> RayHead:
     token = os.path.join(temp_dir, "auth_token")
     with open(token, "w") as out:
         out.write(secrets.token_hex(32))
-    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": token,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     gcs, dash, client, agent, agent_grpc, runtime_env, metrics = _free_ports(7)
     ray = str(Path(sys.executable).parent / "ray")
     log = open(os.path.join(temp_dir, "head.log"), "w")
     process = subprocess.Popen(
-        [ray, "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dash}",
-         "--dashboard-host=127.0.0.1", f"--ray-client-server-port={client}",
-         f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={agent_grpc}",
-         f"--runtime-env-agent-port={runtime_env}", f"--metrics-export-port={metrics}",
-         f"--temp-dir={temp_dir}/ray", f"--num-cpus={num_cpus}", "--include-dashboard=true",
-         "--disable-usage-stats"],
-        env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            ray,
+            "start",
+            "--head",
+            "--block",
+            f"--port={gcs}",
+            f"--dashboard-port={dash}",
+            "--dashboard-host=127.0.0.1",
+            f"--ray-client-server-port={client}",
+            f"--dashboard-agent-listen-port={agent}",
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--runtime-env-agent-port={runtime_env}",
+            f"--metrics-export-port={metrics}",
+            f"--temp-dir={temp_dir}/ray",
+            f"--num-cpus={num_cpus}",
+            "--include-dashboard=true",
+            "--disable-usage-stats",
+        ],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     head = RayHead(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", env, temp_dir, process)
     deadline = time.time() + 120
     while time.time() < deadline:

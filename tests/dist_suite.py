@@ -21,11 +21,29 @@ VIT_JOB, GPT_JOB = ROOT / "jobs/convnet.yaml", ROOT / "jobs/gpt.yaml"
 STEPS = 20
 
 # vit_micro on 8x8 digits, no dropout: every process sees the same samples per step
-VIT = ["model.family=vit", "model.preset=vit_micro", "data.batch_size=32", f"train.steps={STEPS}",
-       "train.eval_every=null", "metrics.log_every=1", "checkpoint.keep=5"]
-GPT = ["model.preset=gpt_nano", "data.source=synthetic", "data.kind=tokens", "data.seq_len=32",
-       "data.num_samples=512", "data.batch_size=16", "train.steps=12", "train.eval_every=null",
-       "train.eval_batches=4", "metrics.log_every=1", "optimizer.lr=0.01", "scheduler.warmup_steps=2"]
+VIT = [
+    "model.family=vit",
+    "model.preset=vit_micro",
+    "data.batch_size=32",
+    f"train.steps={STEPS}",
+    "train.eval_every=null",
+    "metrics.log_every=1",
+    "checkpoint.keep=5",
+]
+GPT = [
+    "model.preset=gpt_nano",
+    "data.source=synthetic",
+    "data.kind=tokens",
+    "data.seq_len=32",
+    "data.num_samples=512",
+    "data.batch_size=16",
+    "train.steps=12",
+    "train.eval_every=null",
+    "train.eval_batches=4",
+    "metrics.log_every=1",
+    "optimizer.lr=0.01",
+    "scheduler.warmup_steps=2",
+]
 
 FSDP2, DDP = "parallel.strategy=fsdp2", "parallel.strategy=ddp"
 ONE = "parallel.strategy=none", "resources.num_workers=1"
@@ -51,11 +69,31 @@ DIST_RUNS = {
     "fsdp2_resumed": (VIT_JOB, VIT + [FSDP2, CKPT10, "train.grad_accum=2"], "fsdp2"),
     "from_one": (VIT_JOB, VIT + [FSDP2, CKPT10], "one"),
     # the features together: float8 + compile + activation checkpointing under each strategy
-    "gpt_fsdp2_fp8": (GPT_JOB, GPT + [FSDP2, "precision.dtype=fp8", "precision.compile=true",
-                                      "parallel.activation_checkpointing=selective",
-                                      "parallel.selective_policy=ops", "parallel.cpu_offload=true"], None),
-    "vit_ddp_fp8": (VIT_JOB, VIT + [DDP, "precision.dtype=fp8", "precision.compile=true",
-                                    "parallel.activation_checkpointing=full", "train.steps=12"], None),
+    "gpt_fsdp2_fp8": (
+        GPT_JOB,
+        GPT
+        + [
+            FSDP2,
+            "precision.dtype=fp8",
+            "precision.compile=true",
+            "parallel.activation_checkpointing=selective",
+            "parallel.selective_policy=ops",
+            "parallel.cpu_offload=true",
+        ],
+        None,
+    ),
+    "vit_ddp_fp8": (
+        VIT_JOB,
+        VIT
+        + [
+            DDP,
+            "precision.dtype=fp8",
+            "precision.compile=true",
+            "parallel.activation_checkpointing=full",
+            "train.steps=12",
+        ],
+        None,
+    ),
 }
 JOB_NAMES = {VIT_JOB: "convnet-digits", GPT_JOB: "gpt-charlm"}
 
@@ -135,8 +173,15 @@ def suite(base: Path) -> dict[str, Run]:
         runs[name] = Run(run_dir(base, name, job), _train(job, overrides(base, name, extra)))
     plan = base / "plan.json"
     plan.write_text(json.dumps({"base": str(base), "runs": list(DIST_RUNS)}))
-    result = run_cli("--standalone", "--nproc_per_node=2", str(Path(__file__)), str(plan),
-                     module="torch.distributed.run", env=COMPILE_ENV, timeout=900)
+    result = run_cli(
+        "--standalone",
+        "--nproc_per_node=2",
+        str(Path(__file__)),
+        str(plan),
+        module="torch.distributed.run",
+        env=COMPILE_ENV,
+        timeout=900,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"the 2-process runs failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
     for name, (job, _, _) in DIST_RUNS.items():

@@ -28,8 +28,16 @@ def local_resume(tmp_path, checkpoint, *overrides):
     run_dir = tmp_path / "convnet-digits"
     run_dir.mkdir(parents=True)
     shutil.copytree(checkpoint, run_dir / checkpoint.name)
-    spec = load_spec(VIT_JOB, [*VIT, "parallel.strategy=none", "resources.num_workers=1",
-                               f"checkpoint.storage={tmp_path}", *overrides])
+    spec = load_spec(
+        VIT_JOB,
+        [
+            *VIT,
+            "parallel.strategy=none",
+            "resources.num_workers=1",
+            f"checkpoint.storage={tmp_path}",
+            *overrides,
+        ],
+    )
     return train(spec, LocalContext(spec)), run_dir
 
 
@@ -45,8 +53,9 @@ def test_each_rank_writes_its_shard_and_resume_reproduces_the_run_exactly(runs):
 
 
 def test_a_two_worker_checkpoint_resumes_on_one_worker(runs, tmp_path):
-    summary, run_dir = local_resume(tmp_path, runs["fsdp2"].directory / "checkpoint_00000010",
-                                    "train.grad_accum=2")
+    summary, run_dir = local_resume(
+        tmp_path, runs["fsdp2"].directory / "checkpoint_00000010", "train.grad_accum=2"
+    )
     assert summary["status"] == "succeeded" and summary["world_size"] == 1
     two, one = runs["fsdp2"].losses, losses(run_dir / "metrics.jsonl")
     for step in range(11, 21):
@@ -65,7 +74,9 @@ def test_async_checkpoints_measure_the_time_training_was_blocked(runs):
     assert summary["checkpoint_saves"] == 2 and summary["checkpoint_blocked_s"] > 0
     assert summary["checkpoint"].endswith("checkpoint_00000020")
     assert sorted(p.name for p in runs["fsdp2"].directory.glob("checkpoint_*")) == [
-        "checkpoint_00000010", "checkpoint_00000020"]
+        "checkpoint_00000010",
+        "checkpoint_00000020",
+    ]
     # the background writes went to a staging directory that publishing moved and removed
     assert not (runs["fsdp2"].directory.parent / ".staging").exists()
     sync = runs["from_one"].summary  # synchronous saves report the same measure
@@ -74,5 +85,4 @@ def test_async_checkpoints_measure_the_time_training_was_blocked(runs):
 
 def test_a_checkpoint_of_another_model_fails_with_a_clear_message(runs, tmp_path):
     with pytest.raises(CheckpointError, match="does not fit this model"):
-        local_resume(tmp_path, runs["one"].directory / "checkpoint_00000010",
-                     "model.overrides={dim: 64}")
+        local_resume(tmp_path, runs["one"].directory / "checkpoint_00000010", "model.overrides={dim: 64}")

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import yaml
 
 from tests.conftest import ROOT
 
@@ -15,11 +14,14 @@ def test_validate_all_examples(cli):
     assert result.stdout.count(": ok (") == len(specs)
 
 
-@pytest.mark.parametrize("text,words", [
-    ("name: x\ntrain: {stpes: 3}\n", "train.stpes: unknown field; did you mean 'steps'?"),
-    ("name: x\ntrain:\n  steps: 3\n   eval_every: 2\n", "YAML syntax error at line 4, column 14"),
-    ("name: Bad Name\n", "name: must be lowercase"),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("name: x\ntrain: {stpes: 3}\n", "train.stpes: unknown field; did you mean 'steps'?"),
+        ("name: x\ntrain:\n  steps: 3\n   eval_every: 2\n", "YAML syntax error at line 4, column 14"),
+        ("name: Bad Name\n", "name: must be lowercase"),
+    ],
+)
 def test_validate_bad_spec_exits_2_without_traceback(cli, tmp_path, text, words):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -45,17 +47,30 @@ def test_run_rejects_unimplemented_settings_loudly(cli):
 def test_models_table_lists_published_presets(cli):
     result = cli("models")
     assert result.returncode == 0, result.stderr
-    for preset, params in [("vit_b16", "86,567,656"), ("resnet50", "25,557,032"),
-                           ("gpt2_small", "124,475,904")]:  # 124,439,808 + 47 padded vocab rows
+    for preset, params in [
+        ("vit_b16", "86,567,656"),
+        ("resnet50", "25,557,032"),
+        ("gpt2_small", "124,475,904"),
+    ]:  # 124,439,808 + 47 padded vocab rows
         line = next(line for line in result.stdout.splitlines() if f" {preset} " in line)
         assert params in line
 
 
 def test_local_run_writes_summary_and_checkpoint(cli, tmp_path):
     summary = tmp_path / "summary.json"
-    result = cli("run", "--local", str(ROOT / "jobs/convnet.yaml"), "--set", "train.steps=6",
-                 "--set", f"checkpoint.storage={tmp_path / 'store'}", "--set", "train.eval_every=3",
-                 "--summary", str(summary))
+    result = cli(
+        "run",
+        "--local",
+        str(ROOT / "jobs/convnet.yaml"),
+        "--set",
+        "train.steps=6",
+        "--set",
+        f"checkpoint.storage={tmp_path / 'store'}",
+        "--set",
+        "train.eval_every=3",
+        "--summary",
+        str(summary),
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(summary.read_text())
     assert data["status"] == "succeeded" and data["steps"] == 6 and data["job"] == "convnet-digits"

@@ -45,6 +45,7 @@ def assert_token_item(item, seq_len, vocab):
 
 # --- synthetic --------------------------------------------------------------------------
 
+
 def test_synthetic_images_are_normalized_learnable_and_seeded():
     s = spec(source="synthetic", num_samples=600, image_size=8, in_channels=2, num_classes=5)
     d = data.load(s, seed=3)
@@ -84,6 +85,7 @@ def test_no_eval_split():
 
 # --- digits -----------------------------------------------------------------------------
 
+
 def test_digits():
     s = spec(source="digits", eval_split=0.1)
     d = data.load(s, seed=0)
@@ -99,6 +101,7 @@ def test_digits():
 
 
 # --- fashion-mnist ----------------------------------------------------------------------
+
 
 def write_idx(path: Path, array: np.ndarray, magic: int | None = None):
     magic = magic if magic is not None else 0x800 + array.ndim
@@ -153,7 +156,8 @@ def test_fashion_mnist_missing_gives_install_hint(no_system_fashion, tmp_path):
     [(path, msg)] = data.check(s)
     assert path == "path" and msg == message
     assert data.check(spec(source="fashion-mnist", path="/no/such/dir")) == [
-        ("path", "no such directory '/no/such/dir'")]
+        ("path", "no such directory '/no/such/dir'")
+    ]
 
 
 def test_idx_magic_and_size_are_validated(no_system_fashion, tmp_path):
@@ -171,6 +175,7 @@ def test_idx_magic_and_size_are_validated(no_system_fashion, tmp_path):
 
 
 # --- text ---------------------------------------------------------------------------------
+
 
 def test_text_corpus_from_directory(tmp_path):
     (tmp_path / "sub").mkdir()
@@ -201,7 +206,8 @@ def test_text_default_corpus_is_stdlib():
 
 def test_text_check(tmp_path):
     assert data.check(spec(source="text", path="/no/such")) == [
-        ("path", "no such file or directory '/no/such'")]
+        ("path", "no such file or directory '/no/such'")
+    ]
     assert data.check(spec(source="text", path=str(tmp_path)))[0][0] == "path"  # empty dir
     (tmp_path / "x.txt").write_text("hi")
     assert data.check(spec(source="text", path=str(tmp_path)))[0][0] == "seq_len"
@@ -210,16 +216,28 @@ def test_text_check(tmp_path):
 
 # --- parquet ------------------------------------------------------------------------------
 
+
 def write_image_parquet(directory: Path, files=4, rows=25, binary=False):
     directory.mkdir(exist_ok=True)
     for f in range(files):
         ids = np.arange(f * rows, (f + 1) * rows)
         images = np.repeat(ids[:, None], 2 * 4 * 4, axis=1).astype(np.float32)  # value = row id
-        column = (pa.array([row.tobytes() for row in images], pa.binary()) if binary
-                  else pa.array(list(images), pa.list_(pa.float32())))
+        column = (
+            pa.array([row.tobytes() for row in images], pa.binary())
+            if binary
+            else pa.array(list(images), pa.list_(pa.float32()))
+        )
         pq.write_table(pa.table({"pixels": column, "label": ids % 3}), directory / f"part-{f}.parquet")
-    return spec(source="parquet", path=str(directory), kind="image", image_size=4, in_channels=2,
-                num_classes=3, columns={"image": "pixels", "label": "label"}, eval_split=0.2)
+    return spec(
+        source="parquet",
+        path=str(directory),
+        kind="image",
+        image_size=4,
+        in_channels=2,
+        num_classes=3,
+        columns={"image": "pixels", "label": "label"},
+        eval_split=0.2,
+    )
 
 
 @pytest.mark.parametrize("binary", [False, True])
@@ -257,9 +275,10 @@ def test_parquet_needs_a_file_per_rank(tmp_path):
 def test_parquet_tokens(tmp_path):
     rows = [list(range(i, i + 12)) for i in range(10)]
     for f in range(2):
-        pq.write_table(pa.table({"tokens": rows[f * 5:(f + 1) * 5]}), tmp_path / f"{f}.parquet")
-    s = spec(source="parquet", path=f"file://{tmp_path}", kind="tokens", seq_len=8, vocab_size=32,
-             eval_split=0.2)
+        pq.write_table(pa.table({"tokens": rows[f * 5 : (f + 1) * 5]}), tmp_path / f"{f}.parquet")
+    s = spec(
+        source="parquet", path=f"file://{tmp_path}", kind="tokens", seq_len=8, vocab_size=32, eval_split=0.2
+    )
     d = data.load(s, seed=0)
     assert (len(d.train), len(d.eval)) == (8, 2) and d.info.kind == "tokens"
     x, y = d.train[0]
@@ -274,7 +293,8 @@ def test_parquet_tokens(tmp_path):
 def test_parquet_check(tmp_path):
     assert data.check(spec(source="parquet"))[0][0] == "path"
     assert data.check(spec(source="parquet", path=str(tmp_path / "nope"))) == [
-        ("path", f"no such file or directory '{tmp_path / 'nope'}'")]
+        ("path", f"no such file or directory '{tmp_path / 'nope'}'")
+    ]
     s = write_image_parquet(tmp_path / "ds")
     problems = data.check(spec(source="parquet", path=s.path, columns={"image": "img"}))
     assert problems == [("columns", f"column 'img' not in '{s.path}'; it has: pixels, label")]

@@ -38,8 +38,9 @@ def test_kuberay_raycluster_manifest():
     assert spec["rayVersion"] == "2.60.0" and spec["authOptions"]["mode"] == "token"
     workers = spec["workerGroupSpecs"][0]
     assert pod_containers(workers)[0]["resources"]["limits"]["nvidia.com/gpu"]
-    images = {c["image"] for g in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
-              for c in pod_containers(g)}
+    images = {
+        c["image"] for g in [spec["headGroupSpec"], *spec["workerGroupSpecs"]] for c in pod_containers(g)
+    }
     assert len(images) == 1  # head and workers run the same image
 
 

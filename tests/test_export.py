@@ -25,8 +25,7 @@ def plain_eval_loss(model: torch.nn.Module, spec) -> float:
     total = count = 0.0
     for x, y in torch.utils.data.DataLoader(eval_set, batch_size=64):
         logits = model(x)
-        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                 reduction="sum").item()
+        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum").item()
         count += y.numel()
     return total / count
 
@@ -41,8 +40,16 @@ def test_export_to_safetensors_loads_strictly_and_gives_the_same_eval_loss(tmp_p
     from safetensors.torch import load_file
 
     # GPT: its lm_head shares the token embedding's weight; both names must be in the file
-    spec = load_spec(GPT_JOB, [*GPT, "train.steps=4", "train.eval_batches=null",
-                               "parallel.strategy=none", f"checkpoint.storage={tmp_path}"])
+    spec = load_spec(
+        GPT_JOB,
+        [
+            *GPT,
+            "train.steps=4",
+            "train.eval_batches=null",
+            "parallel.strategy=none",
+            f"checkpoint.storage={tmp_path}",
+        ],
+    )
     summary = train(spec, LocalContext(spec))
     out = tmp_path / "export" / "model.safetensors"
     result = run_cli("export", summary["checkpoint"], "--out", str(out))
@@ -71,10 +78,13 @@ def test_export_of_a_sharded_two_worker_checkpoint(tmp_path_factory, tmp_path):
     assert abs(plain_eval_loss(model, spec) - expected) <= EVAL_TOL * expected
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--out", "model.bin"], "must end in .safetensors or .pt"),
-    (["--out", "model.pt"], "is not a checkpoint directory"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--out", "model.bin"], "must end in .safetensors or .pt"),
+        (["--out", "model.pt"], "is not a checkpoint directory"),
+    ],
+)
 def test_export_rejects_bad_input_with_exit_status_2(tmp_path, capsys, args, message):
     from orchestrator.cli import main
 

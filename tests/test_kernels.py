@@ -6,6 +6,7 @@ run in the CPU interpreter: the fixture sets TRITON_INTERPRET=1 per test,
 which works because kernels/ defines its @triton.jit functions lazily (read at
 first launch) -- and keeps the setting from leaking into other test modules.
 """
+
 import importlib.util
 import json
 import os
@@ -49,6 +50,7 @@ def _op_inputs():
 
 # --- API surface ----------------------------------------------------------------
 
+
 def test_ops_and_available_impls():
     assert kernels.OPS == ("layer_norm", "attention", "cross_entropy", "bias_gelu")
     impls = kernels.available_impls()
@@ -67,16 +69,23 @@ def test_invalid_impl_is_rejected():
 @pytest.mark.parametrize("impl", ["torch", "auto"])
 def test_torch_and_cpu_auto_paths_are_the_builtin_ops(impl):
     t = _op_inputs()
-    assert torch.equal(kernels.layer_norm(t.x, t.w, t.b, 1e-5, impl=impl),
-                       F.layer_norm(t.x, (24,), t.w, t.b, 1e-5))
-    assert torch.equal(kernels.attention(t.q, t.k, t.v, causal=True, impl=impl),
-                       F.scaled_dot_product_attention(t.q, t.k, t.v, is_causal=True))
-    assert torch.equal(kernels.cross_entropy(t.logits, t.target, 0.1, impl=impl),
-                       F.cross_entropy(t.logits, t.target, label_smoothing=0.1))
+    assert torch.equal(
+        kernels.layer_norm(t.x, t.w, t.b, 1e-5, impl=impl), F.layer_norm(t.x, (24,), t.w, t.b, 1e-5)
+    )
+    assert torch.equal(
+        kernels.attention(t.q, t.k, t.v, causal=True, impl=impl),
+        F.scaled_dot_product_attention(t.q, t.k, t.v, is_causal=True),
+    )
+    assert torch.equal(
+        kernels.cross_entropy(t.logits, t.target, 0.1, impl=impl),
+        F.cross_entropy(t.logits, t.target, label_smoothing=0.1),
+    )
     assert torch.equal(kernels.bias_gelu(t.x, t.b, impl=impl), F.gelu(t.x + t.b))
     w = torch.randn(30, 24)
-    assert torch.equal(kernels.fused_linear_cross_entropy(t.x[0, :5], w, t.target[:5], impl=impl),
-                       F.cross_entropy(F.linear(t.x[0, :5], w), t.target[:5]))
+    assert torch.equal(
+        kernels.fused_linear_cross_entropy(t.x[0, :5], w, t.target[:5], impl=impl),
+        F.cross_entropy(F.linear(t.x[0, :5], w), t.target[:5]),
+    )
 
 
 def _fake_cuda(*shape, dtype=torch.bfloat16):
@@ -93,8 +102,13 @@ def test_auto_on_cuda_uses_triton_only_where_the_table_records_a_win(tmp_path, m
     entries = [
         {"gpu": "Fake GPU X1", "op": "layer_norm", "dtype": "bf16", "bucket": "n4096", "impl": "triton"},
         {"gpu": "Fake GPU X1", "op": "layer_norm", "dtype": "bf16", "bucket": "n1024", "impl": "torch"},
-        {"gpu": "Fake GPU X1", "op": "attention", "dtype": "bf16", "bucket": "d64-s1024-causal",
-         "impl": "triton"},
+        {
+            "gpu": "Fake GPU X1",
+            "op": "attention",
+            "dtype": "bf16",
+            "bucket": "d64-s1024-causal",
+            "impl": "triton",
+        },
         {"gpu": "Fake GPU X1", "op": "cross_entropy", "dtype": "bf16", "bucket": "v65536", "impl": "triton"},
     ]
     monkeypatch.setenv("KERNELS_DISPATCH_TABLE", str(_fake_table(tmp_path, entries)))
@@ -121,9 +135,12 @@ def test_auto_on_cuda_uses_triton_only_where_the_table_records_a_win(tmp_path, m
 def test_auto_without_a_table_is_the_builtin_path(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELS_DISPATCH_TABLE", str(tmp_path / "missing.json"))
     monkeypatch.setattr(kernels.dispatch, "gpu_name", lambda index: "Fake GPU X1")
-    for op, dims in (("layer_norm", dict(dim=768)), ("bias_gelu", dict(dim=3072)),
-                     ("cross_entropy", dict(vocab=50257)),
-                     ("attention", dict(head_dim=64, seq=197, causal=False))):
+    for op, dims in (
+        ("layer_norm", dict(dim=768)),
+        ("bias_gelu", dict(dim=3072)),
+        ("cross_entropy", dict(vocab=50257)),
+        ("attention", dict(head_dim=64, seq=197, causal=False)),
+    ):
         assert kernels.resolve(op, "auto", _fake_cuda(8, 768), **dims) == "torch"
 
 
@@ -138,9 +155,11 @@ def test_committed_table_is_well_formed():
 
 # --- custom ops and torch.compile -------------------------------------------
 
+
 def _custom_op_cases():
-    ln, at, ce, mlp = (sys.modules[f"kernels.{m}"]
-                       for m in ("layer_norm", "attention", "cross_entropy", "mlp"))
+    ln, at, ce, mlp = (
+        sys.modules[f"kernels.{m}"] for m in ("layer_norm", "attention", "cross_entropy", "mlp")
+    )
     t = _op_inputs()
     x2 = t.x.reshape(-1, 24)
     o, lse = at.attention_fwd(t.q, t.k, t.v, True, 0.25)
@@ -229,6 +248,7 @@ def test_torch_compile_inductor_layer_norm(interpret):
 
 # --- import robustness (subprocesses) ---------------------------------------
 
+
 def test_triton_impl_on_cpu_without_interpreter_raises_then_lazy_interpreter_works():
     proc = _run_python("""
         import os, torch, kernels
@@ -261,7 +281,8 @@ def test_triton_impl_on_cpu_without_interpreter_raises_then_lazy_interpreter_wor
 
 
 def test_imports_and_falls_back_without_triton():
-    proc = _run_python("""
+    proc = _run_python(
+        """
         import sys
         sys.modules["triton"] = None  # make `import triton` fail
         import torch, kernels
@@ -276,7 +297,10 @@ def test_imports_and_falls_back_without_triton():
         else:
             raise AssertionError("no error")
         print("OK")
-    """, env_updates={"TRITON_INTERPRET": "1"}, drop=())
+    """,
+        env_updates={"TRITON_INTERPRET": "1"},
+        drop=(),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("OK")
 
@@ -289,6 +313,7 @@ def test_kernels_does_not_import_project_packages():
 
 # --- GPU compilation without a GPU ------------------------------------------
 
+
 def test_every_kernel_compiles_for_hopper():
     # The interpreter is lenient; this runs the real compiler (down to cubin
     # for sm_90) on every kernel, with the first autotune config, in bf16.
@@ -297,14 +322,25 @@ def test_every_kernel_compiles_for_hopper():
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     names = {r["kernel"] for r in records}
     assert names == {
-        "layer_norm_fwd_kernel", "layer_norm_bwd_kernel", "attn_fwd_kernel",
-        "attn_bwd_preprocess_kernel", "attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel",
-        "cross_entropy_fwd_kernel", "cross_entropy_bwd_kernel", "bias_gelu_fwd_kernel",
-        "bias_gelu_bwd_kernel", "swiglu_fwd_kernel", "swiglu_bwd_kernel", "scale_kernel"}
+        "layer_norm_fwd_kernel",
+        "layer_norm_bwd_kernel",
+        "attn_fwd_kernel",
+        "attn_bwd_preprocess_kernel",
+        "attn_bwd_dkdv_kernel",
+        "attn_bwd_dq_kernel",
+        "cross_entropy_fwd_kernel",
+        "cross_entropy_bwd_kernel",
+        "bias_gelu_fwd_kernel",
+        "bias_gelu_bwd_kernel",
+        "swiglu_fwd_kernel",
+        "swiglu_bwd_kernel",
+        "scale_kernel",
+    }
     assert all(r["dtype"] == "torch.bfloat16" and r["fits_hopper_smem"] for r in records)
 
 
 # --- bench/kernels.py ---------------------------------------------------------
+
 
 def _bench_module():
     spec = importlib.util.spec_from_file_location("bench_kernels", REPO / "bench" / "kernels.py")
@@ -328,19 +364,37 @@ def test_bench_report_helpers(tmp_path):
         bench.parse_args(["--ops", "softmax"])
     json_path, md_path = bench.result_paths(tmp_path, "NVIDIA H100 80GB HBM3", "2025-01-02")
     assert json_path.name == "kernels-nvidia-h100-80gb-hbm3-2025-01-02.json" and md_path.suffix == ".md"
-    row = {"op": "attention", "case": "gpt2-s b8", "mode": "fwd+bwd",
-           "ms": {"triton": 2.0, "eager": 3.0, "compile": 1.0, "sdpa-cudnn": None},
-           "peak_mib": {"triton": 10.0, "eager": 12.0}, "max_abs_err": 1e-3}
+    row = {
+        "op": "attention",
+        "case": "gpt2-s b8",
+        "mode": "fwd+bwd",
+        "ms": {"triton": 2.0, "eager": 3.0, "compile": 1.0, "sdpa-cudnn": None},
+        "peak_mib": {"triton": 10.0, "eager": 12.0},
+        "max_abs_err": 1e-3,
+    }
     assert bench.speedups(row) == {"eager": 1.5, "compile": 0.5}
-    meta = dict(gpu="NVIDIA H100", date="2025-01-02T00:00:00+00:00", torch="2.x", triton="3.x",
-                cuda="12.8", commit="uncommitted", dtype="bf16", command="python bench/kernels.py")
+    meta = dict(
+        gpu="NVIDIA H100",
+        date="2025-01-02T00:00:00+00:00",
+        torch="2.x",
+        triton="3.x",
+        cuda="12.8",
+        commit="uncommitted",
+        dtype="bf16",
+        command="python bench/kernels.py",
+    )
     md = bench.render_markdown(meta, [row])
     assert "| attention | gpt2-s b8 | fwd+bwd | 2.000 | 3.000 | 1.000 | - | 1.500 | 0.500 | - |" in md
     assert "Triton beats every baseline (fwd+bwd) at: none" in md
-    ln = {"op": "layer_norm", "case": "gpt2-s b8", "mode": "fwd+bwd", "params": {},
-          "ms": {"triton": 2.0, "eager": 3.0, "compile": 1.0}, "kernel_ms": {"triton": 1.0, "eager": 1.5,
-                                                                           "compile": 1.1},
-          "peak_mib": {"triton": 1.0, "eager": 2.0}}
+    ln = {
+        "op": "layer_norm",
+        "case": "gpt2-s b8",
+        "mode": "fwd+bwd",
+        "params": {},
+        "ms": {"triton": 2.0, "eager": 3.0, "compile": 1.0},
+        "kernel_ms": {"triton": 1.0, "eager": 1.5, "compile": 1.1},
+        "peak_mib": {"triton": 1.0, "eager": 2.0},
+    }
     md = bench.render_markdown(meta, [ln])
     assert "| layer_norm | gpt2-s b8 | x eager | >= 1.2 | 1.50 ok | 1.50 ok |" in md
     assert "| layer_norm | gpt2-s b8 | x compile | >= 1 | 0.50 missed | 1.10 ok |" in md
@@ -349,19 +403,40 @@ def test_bench_report_helpers(tmp_path):
 
 def test_bench_writes_the_dispatch_table_from_results(tmp_path):
     bench = _bench_module()
-    meta = dict(gpu="Fake GPU X1", date="2026-01-02T00:00:00+00:00", torch="2.x", triton="3.x",
-                cuda="13.0", commit="abc", dtype="bf16", command="python bench/kernels.py")
+    meta = dict(
+        gpu="Fake GPU X1",
+        date="2026-01-02T00:00:00+00:00",
+        torch="2.x",
+        triton="3.x",
+        cuda="13.0",
+        commit="abc",
+        dtype="bf16",
+        command="python bench/kernels.py",
+    )
 
     def row(op, case, params, triton, eager, compile_, graph=None):
         graph = graph or {"triton": triton, "eager": eager, "compile": compile_}
-        return {"op": op, "case": case, "mode": "fwd+bwd", "params": params,
-                "ms": {"triton": triton, "eager": eager, "compile": compile_}, "kernel_ms": graph}
+        return {
+            "op": op,
+            "case": case,
+            "mode": "fwd+bwd",
+            "params": params,
+            "ms": {"triton": triton, "eager": eager, "compile": compile_},
+            "kernel_ms": graph,
+        }
 
     results = [
         row("layer_norm", "dim4096", {"rows": 8192, "dim": 4096}, 1.0, 2.0, 1.5),  # wins both ways
         row("layer_norm", "gpt2-s b8", {"rows": 8192, "dim": 768}, 1.0, 2.0, 0.99),  # loses to compile
-        row("bias_gelu", "vit-b b64", {"rows": 64, "dim": 3072}, 1.0, 2.0, 2.0,  # wins only with host
-            graph={"triton": 1.0, "eager": 1.02, "compile": 2.0}),  # overhead: within the margin
+        row(
+            "bias_gelu",
+            "vit-b b64",
+            {"rows": 64, "dim": 3072},
+            1.0,
+            2.0,
+            2.0,  # wins only with host
+            graph={"triton": 1.0, "eager": 1.02, "compile": 2.0},
+        ),  # overhead: within the margin
         row("cross_entropy", "gpt2-s b8", {"rows": 8192, "vocab": 50257}, 1.0, 3.0, 2.5),
         {**row("layer_norm", "dim4096", {"rows": 8192, "dim": 4096}, 9.0, 1.0, 1.0), "mode": "fwd"},
     ]
@@ -370,7 +445,11 @@ def test_bench_writes_the_dispatch_table_from_results(tmp_path):
     table = bench.write_table([results_file], tmp_path / "table.json")
     assert json.loads((tmp_path / "table.json").read_text()) == table
     chosen = {(e["op"], e["bucket"]): e["impl"] for e in table["entries"]}
-    assert chosen == {("layer_norm", "n4096"): "triton", ("layer_norm", "n1024"): "torch",
-                      ("bias_gelu", "n4096"): "torch", ("cross_entropy", "v65536"): "triton"}
+    assert chosen == {
+        ("layer_norm", "n4096"): "triton",
+        ("layer_norm", "n1024"): "torch",
+        ("bias_gelu", "n4096"): "torch",
+        ("cross_entropy", "v65536"): "triton",
+    }
     assert all(e["gpu"] == "Fake GPU X1" and e["dtype"] == "bf16" for e in table["entries"])
     assert table["sources"][0]["commit"] == "abc"

@@ -1,4 +1,5 @@
 """FlashAttention-2 style Triton kernels (CPU interpreter) against SDPA."""
+
 import math
 import sys
 
@@ -22,15 +23,21 @@ def triton_interpreter(monkeypatch):
 
 
 def _qkv(b, h, s_q, s_k, d, dtype=torch.float32):
-    return (torch.randn(b, h, s_q, d, dtype=dtype, requires_grad=True),
-            torch.randn(b, h, s_k, d, dtype=dtype, requires_grad=True),
-            torch.randn(b, h, s_k, d, dtype=dtype, requires_grad=True))
+    return (
+        torch.randn(b, h, s_q, d, dtype=dtype, requires_grad=True),
+        torch.randn(b, h, s_k, d, dtype=dtype, requires_grad=True),
+        torch.randn(b, h, s_k, d, dtype=dtype, requires_grad=True),
+    )
 
 
 def _check(q, k, v, causal, scale=None):
-    assert_matches(lambda q, k, v: kernels.attention(q, k, v, causal, scale, impl="triton"),
-                   lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
-                   (q, k, v), **TOL, grad_fn_name="AttentionFunctionBackward")
+    assert_matches(
+        lambda q, k, v: kernels.attention(q, k, v, causal, scale, impl="triton"),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+        (q, k, v),
+        **TOL,
+        grad_fn_name="AttentionFunctionBackward",
+    )
 
 
 # Interpreter tiles are 16/32 wide, so seq 37/50 leave masked tails and span
@@ -68,7 +75,9 @@ def test_non_contiguous_inputs():
     assert_matches(
         lambda t: kernels.attention(*t.permute(2, 0, 3, 1, 4).unbind(0), causal=True, impl="triton"),
         lambda t: F.scaled_dot_product_attention(*t.permute(2, 0, 3, 1, 4).unbind(0), is_causal=True),
-        (qkv,), **TOL)
+        (qkv,),
+        **TOL,
+    )
 
 
 def test_equal_tiles(monkeypatch):
@@ -92,8 +101,9 @@ def test_default_scale_is_inverse_sqrt_head_dim():
 def test_gradcheck_float64(causal):
     torch.manual_seed(11)
     q, k, v = _qkv(1, 2, 19, 19, 16, dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda *a: kernels.attention(*a, causal=causal, impl="triton"),
-                                    (q, k, v), fast_mode=True)
+    assert torch.autograd.gradcheck(
+        lambda *a: kernels.attention(*a, causal=causal, impl="triton"), (q, k, v), fast_mode=True
+    )
 
 
 def test_rejects_bad_shapes():

@@ -1,5 +1,6 @@
 """Cross-entropy and fused linear cross-entropy Triton kernels (CPU
 interpreter) against F.cross_entropy."""
+
 import math
 
 import pytest
@@ -28,9 +29,13 @@ def _targets(n, v, ignore_index=-100, every=3):
 def _check(logits, target, ls, ii=-100):
     assert_matches(
         lambda x: kernels.cross_entropy(x, target, label_smoothing=ls, ignore_index=ii, impl="triton"),
-        lambda x: F.cross_entropy(x.reshape(-1, x.shape[-1]), target.reshape(-1),
-                                  label_smoothing=ls, ignore_index=ii),
-        (logits,), **TOL, grad_fn_name="CrossEntropyFunctionBackward")
+        lambda x: F.cross_entropy(
+            x.reshape(-1, x.shape[-1]), target.reshape(-1), label_smoothing=ls, ignore_index=ii
+        ),
+        (logits,),
+        **TOL,
+        grad_fn_name="CrossEntropyFunctionBackward",
+    )
 
 
 @pytest.mark.parametrize("ls", [0.0, 0.1])
@@ -50,7 +55,10 @@ def test_all_rows_ignored(ls):
     target = torch.full((5,), -100)
     out, (grad,) = assert_matches(
         lambda x: kernels.cross_entropy(x, target, ls, impl="triton"),
-        lambda x: F.cross_entropy(x, target, label_smoothing=ls), (logits,), **TOL)
+        lambda x: F.cross_entropy(x, target, label_smoothing=ls),
+        (logits,),
+        **TOL,
+    )
     assert math.isnan(out.item()) and not grad.any()
 
 
@@ -80,10 +88,12 @@ def test_gradcheck_float64():
     logits = torch.randn(6, 23, dtype=torch.float64, requires_grad=True)
     target = _targets(6, 23)
     assert torch.autograd.gradcheck(
-        lambda x: kernels.cross_entropy(x, target, 0.1, impl="triton"), (logits,), fast_mode=True)
+        lambda x: kernels.cross_entropy(x, target, 0.1, impl="triton"), (logits,), fast_mode=True
+    )
 
 
 # --- fused linear + cross-entropy -------------------------------------------
+
 
 def _flce_inputs(n, h, v, bias, dtype=torch.float32):
     hidden = torch.randn(n, h, dtype=dtype, requires_grad=True)
@@ -103,8 +113,12 @@ def test_fused_linear_matches_torch(ls, bias, chunk):
     inputs = (hidden, weight) + ((b,) if bias else ())
 
     def fused(h, w, *bb):
-        return kernels.fused_linear_cross_entropy(h, w, target, bb[0] if bb else None, ls,
-                                                  impl="triton", chunk_size=chunk) * 3.0
+        return (
+            kernels.fused_linear_cross_entropy(
+                h, w, target, bb[0] if bb else None, ls, impl="triton", chunk_size=chunk
+            )
+            * 3.0
+        )
 
     def ref(h, w, *bb):
         return F.cross_entropy(F.linear(h, w, bb[0] if bb else None), target, label_smoothing=ls) * 3.0
@@ -118,7 +132,10 @@ def test_fused_linear_all_ignored_and_3d_hidden():
     target = torch.full((2, 3), -100)
     out, grads = assert_matches(
         lambda h, w, b: kernels.fused_linear_cross_entropy(h.view(2, 3, 16), w, target, b, impl="triton"),
-        lambda h, w, b: F.cross_entropy(F.linear(h, w, b), target.view(-1)), (hidden, weight, b), **TOL)
+        lambda h, w, b: F.cross_entropy(F.linear(h, w, b), target.view(-1)),
+        (hidden, weight, b),
+        **TOL,
+    )
     assert math.isnan(out.item()) and not any(g.any() for g in grads)
 
 
@@ -127,9 +144,10 @@ def test_fused_linear_gradcheck_float64():
     hidden, weight, b = _flce_inputs(6, 16, 23, bias=True, dtype=torch.float64)
     target = _targets(6, 23)
     assert torch.autograd.gradcheck(
-        lambda h, w, b: kernels.fused_linear_cross_entropy(h, w, target, b, 0.1, impl="triton",
-                                                           chunk_size=4),
-        (hidden, weight, b), fast_mode=True)
+        lambda h, w, b: kernels.fused_linear_cross_entropy(h, w, target, b, 0.1, impl="triton", chunk_size=4),
+        (hidden, weight, b),
+        fast_mode=True,
+    )
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["recompute", "inplace"])

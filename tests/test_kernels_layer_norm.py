@@ -1,4 +1,5 @@
 """LayerNorm Triton kernels (CPU interpreter) against F.layer_norm."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,24 +31,36 @@ def _inputs(shape, dtype=torch.float32, affine=True):
 def test_matches_torch(shape):
     torch.manual_seed(0)
     x, w, b = _inputs(shape)
-    assert_matches(lambda x, w, b: kernels.layer_norm(x, w, b, impl="triton"),
-                   lambda x, w, b: F.layer_norm(x, (shape[-1],), w, b), (x, w, b), **TOL,
-                   grad_fn_name="LayerNormFunctionBackward")
+    assert_matches(
+        lambda x, w, b: kernels.layer_norm(x, w, b, impl="triton"),
+        lambda x, w, b: F.layer_norm(x, (shape[-1],), w, b),
+        (x, w, b),
+        **TOL,
+        grad_fn_name="LayerNormFunctionBackward",
+    )
 
 
 def test_eps_and_no_affine():
     torch.manual_seed(1)
     x, _, _ = _inputs((6, 33), affine=False)
-    assert_matches(lambda x: kernels.layer_norm(x, None, None, eps=0.1, impl="triton"),
-                   lambda x: F.layer_norm(x, (33,), eps=0.1), (x,), **TOL)
+    assert_matches(
+        lambda x: kernels.layer_norm(x, None, None, eps=0.1, impl="triton"),
+        lambda x: F.layer_norm(x, (33,), eps=0.1),
+        (x,),
+        **TOL,
+    )
 
 
 def test_non_contiguous_input():
     torch.manual_seed(2)
     base = torch.randn(24, 10, requires_grad=True)
     w, b = torch.randn(24, requires_grad=True), torch.randn(24, requires_grad=True)
-    assert_matches(lambda t, w, b: kernels.layer_norm(t.t(), w, b, impl="triton"),
-                   lambda t, w, b: F.layer_norm(t.t(), (24,), w, b), (base, w, b), **TOL)
+    assert_matches(
+        lambda t, w, b: kernels.layer_norm(t.t(), w, b, impl="triton"),
+        lambda t, w, b: F.layer_norm(t.t(), (24,), w, b),
+        (base, w, b),
+        **TOL,
+    )
 
 
 def test_partial_sums_cover_every_row():
@@ -79,12 +92,12 @@ def test_single_feature_rows_are_exact():
 def test_gradcheck_float64():
     torch.manual_seed(4)
     x, w, b = _inputs((5, 20), dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda *a: kernels.layer_norm(*a, impl="triton"), (x, w, b),
-                                    fast_mode=True)
+    assert torch.autograd.gradcheck(
+        lambda *a: kernels.layer_norm(*a, impl="triton"), (x, w, b), fast_mode=True
+    )
 
 
 def test_rejects_rows_too_large_for_one_block():
     x = torch.randn(2, 20000)
     with pytest.raises(ValueError, match="rows up to"):
         kernels.layer_norm(x, torch.ones(20000), torch.zeros(20000), impl="triton")
-

@@ -1,4 +1,5 @@
 """bias_gelu / swiglu Triton kernels (CPU interpreter) against torch."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,8 +24,13 @@ def test_bias_gelu_matches_torch(shape):
     torch.manual_seed(len(shape) * shape[-1])
     x = (torch.randn(*shape) * 3).requires_grad_()
     b = torch.randn(shape[-1], requires_grad=True)
-    assert_matches(lambda x, b: kernels.bias_gelu(x, b, impl="triton"),
-                   lambda x, b: F.gelu(x + b), (x, b), **TOL, grad_fn_name="BiasGeluFunctionBackward")
+    assert_matches(
+        lambda x, b: kernels.bias_gelu(x, b, impl="triton"),
+        lambda x, b: F.gelu(x + b),
+        (x, b),
+        **TOL,
+        grad_fn_name="BiasGeluFunctionBackward",
+    )
 
 
 def test_bias_gelu_is_exact_erf_not_tanh():
@@ -47,8 +53,9 @@ def test_bias_gelu_gradcheck_float64():
     torch.manual_seed(1)
     x = torch.randn(9, 20, dtype=torch.float64, requires_grad=True)
     b = torch.randn(20, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, b: kernels.bias_gelu(x, b, impl="triton"), (x, b),
-                                    fast_mode=True)
+    assert torch.autograd.gradcheck(
+        lambda x, b: kernels.bias_gelu(x, b, impl="triton"), (x, b), fast_mode=True
+    )
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 37), (1,), (130,)])
@@ -56,12 +63,16 @@ def test_swiglu_matches_torch(shape):
     torch.manual_seed(shape[-1])
     a = (torch.randn(*shape) * 3).requires_grad_()
     b = torch.randn(*shape, requires_grad=True)
-    assert_matches(lambda a, b: kernels.swiglu(a, b, impl="triton"),
-                   lambda a, b: F.silu(a) * b, (a, b), **TOL, grad_fn_name="SwiGLUFunctionBackward")
+    assert_matches(
+        lambda a, b: kernels.swiglu(a, b, impl="triton"),
+        lambda a, b: F.silu(a) * b,
+        (a, b),
+        **TOL,
+        grad_fn_name="SwiGLUFunctionBackward",
+    )
 
 
 def test_swiglu_gradcheck_float64():
     torch.manual_seed(2)
     a, b = (torch.randn(4, 33, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    assert torch.autograd.gradcheck(lambda a, b: kernels.swiglu(a, b, impl="triton"), (a, b),
-                                    fast_mode=True)
+    assert torch.autograd.gradcheck(lambda a, b: kernels.swiglu(a, b, impl="triton"), (a, b), fast_mode=True)

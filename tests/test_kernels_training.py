@@ -9,25 +9,49 @@ from tests.conftest import ROOT
 from workers.context import LocalContext
 from workers.trainer import train
 
-ALL_TRITON = ["kernels.attention=triton", "kernels.layer_norm=triton",
-              "kernels.cross_entropy=triton", "kernels.bias_gelu=triton"]
+ALL_TRITON = [
+    "kernels.attention=triton",
+    "kernels.layer_norm=triton",
+    "kernels.cross_entropy=triton",
+    "kernels.bias_gelu=triton",
+]
 # fp32 everywhere; kernels sum in another order than ATen (~1e-6 per op), which a few
 # optimizer steps amplify a little: 1e-4 relative still catches any wrong gradient
 TOLERANCE = 1e-4
 
 MODELS = {
     "vit": ["model.family=vit", "model.preset=vit_micro", "data.source=digits"],
-    "gpt": ["model.family=gpt", "model.preset=gpt_nano", "data.source=synthetic", "data.kind=tokens",
-            "data.seq_len=16", "data.vocab_size=64", "data.num_samples=256"],
+    "gpt": [
+        "model.family=gpt",
+        "model.preset=gpt_nano",
+        "data.source=synthetic",
+        "data.kind=tokens",
+        "data.seq_len=16",
+        "data.vocab_size=64",
+        "data.num_samples=256",
+    ],
 }
 
 
 def step_losses(tmp_path, name, overrides):
-    spec = load_spec(ROOT / "jobs/convnet.yaml", [
-        *overrides, f"checkpoint.storage={tmp_path / name}", "train.steps=3", "metrics.log_every=1",
-        # the interpreter runs each Triton program in Python: keep batches and eval tiny
-        "data.batch_size=4", "data.eval_batch_size=4", "train.eval_batches=1", "parallel.strategy=none", "resources.num_workers=1",
-        "train.eval_every=null", "train.label_smoothing=0.1", "checkpoint.every_steps=null"])
+    spec = load_spec(
+        ROOT / "jobs/convnet.yaml",
+        [
+            *overrides,
+            f"checkpoint.storage={tmp_path / name}",
+            "train.steps=3",
+            "metrics.log_every=1",
+            # the interpreter runs each Triton program in Python: keep batches and eval tiny
+            "data.batch_size=4",
+            "data.eval_batch_size=4",
+            "train.eval_batches=1",
+            "parallel.strategy=none",
+            "resources.num_workers=1",
+            "train.eval_every=null",
+            "train.label_smoothing=0.1",
+            "checkpoint.every_steps=null",
+        ],
+    )
     summary = train(spec, LocalContext(spec))
     assert summary["status"] == "succeeded"
     lines = (tmp_path / name / spec.name / "metrics.jsonl").read_text().splitlines()

@@ -13,8 +13,9 @@ from workers.data import DataInfo
 
 
 def build(family, preset, data_info=None, kernels=None, **overrides):
-    return models.build(ModelSpec(family=family, preset=preset, overrides=overrides),
-                        data_info=data_info, kernels=kernels)
+    return models.build(
+        ModelSpec(family=family, preset=preset, overrides=overrides), data_info=data_info, kernels=kernels
+    )
 
 
 def n_params(model):
@@ -22,13 +23,29 @@ def n_params(model):
 
 
 def image_info(size, channels=3, classes=7):
-    return DataInfo(kind="image", num_classes=classes, in_channels=channels, image_size=size,
-                    vocab_size=None, seq_len=None, train_size=1, eval_size=0)
+    return DataInfo(
+        kind="image",
+        num_classes=classes,
+        in_channels=channels,
+        image_size=size,
+        vocab_size=None,
+        seq_len=None,
+        train_size=1,
+        eval_size=0,
+    )
 
 
 def token_info(vocab=97, seq_len=16):
-    return DataInfo(kind="tokens", num_classes=None, in_channels=None, image_size=None,
-                    vocab_size=vocab, seq_len=seq_len, train_size=1, eval_size=0)
+    return DataInfo(
+        kind="tokens",
+        num_classes=None,
+        in_channels=None,
+        image_size=None,
+        vocab_size=vocab,
+        seq_len=seq_len,
+        train_size=1,
+        eval_size=0,
+    )
 
 
 ALL_PRESETS = [(f, p) for f in models.FAMILIES for p in models.presets(f)]
@@ -36,14 +53,18 @@ ALL_PRESETS = [(f, p) for f in models.FAMILIES for p in models.presets(f)]
 
 # --- sizes ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("family,preset,expected", [
-    ("vit", "vit_b16", 86_567_656),      # timm vit_base_patch16_224
-    ("vit", "vit_base", 86_567_656),
-    ("resnet", "resnet50", 25_557_032),  # torchvision resnet50
-    ("resnet", "seresnet50", 28_088_024),  # timm seresnet50
-    # GPT-2 124M (tied lm_head counted once), its vocabulary rows padded 50257 -> 50304
-    ("gpt", "gpt2_small", 124_439_808 + 47 * 768),
-])
+
+@pytest.mark.parametrize(
+    "family,preset,expected",
+    [
+        ("vit", "vit_b16", 86_567_656),  # timm vit_base_patch16_224
+        ("vit", "vit_base", 86_567_656),
+        ("resnet", "resnet50", 25_557_032),  # torchvision resnet50
+        ("resnet", "seresnet50", 28_088_024),  # timm seresnet50
+        # GPT-2 124M (tied lm_head counted once), its vocabulary rows padded 50257 -> 50304
+        ("gpt", "gpt2_small", 124_439_808 + 47 * 768),
+    ],
+)
 def test_exact_parameter_counts(family, preset, expected):
     with torch.device("meta"):
         model = build(family, preset)
@@ -52,11 +73,14 @@ def test_exact_parameter_counts(family, preset, expected):
 
 def test_gpt2_without_vocabulary_padding_is_exactly_gpt2_and_padding_never_shows():
     with torch.device("meta"):
-        exact = models.build(SimpleNamespace(family="gpt", preset="gpt2_small",
-                                             overrides={"vocab_multiple": 1}))
+        exact = models.build(
+            SimpleNamespace(family="gpt", preset="gpt2_small", overrides={"vocab_multiple": 1})
+        )
     assert n_params(exact) == 124_439_808
-    model = models.build(SimpleNamespace(family="gpt", preset="gpt_nano", overrides={"vocab_multiple": 64}),
-                         token_info(vocab=65, seq_len=16))
+    model = models.build(
+        SimpleNamespace(family="gpt", preset="gpt_nano", overrides={"vocab_multiple": 64}),
+        token_info(vocab=65, seq_len=16),
+    )
     assert model.wte.weight.shape[0] == 128  # 65 rounded up
     logits = model(torch.randint(65, (2, 16)))
     assert logits.shape == (2, 16, 65)  # the padding columns are never a class
@@ -68,6 +92,7 @@ def test_gpt_lm_head_is_tied():
 
 
 # --- forward shapes ---------------------------------------------------------------------
+
 
 def _small_info(family, preset):
     if family == "gpt":
@@ -122,8 +147,11 @@ def test_blocks_are_the_repeated_units():
 
 # --- determinism ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("family,preset", [("convnet", "convnet_small"), ("resnet", "resnet_tiny"),
-                                           ("vit", "vit_micro"), ("gpt", "gpt_nano")])
+
+@pytest.mark.parametrize(
+    "family,preset",
+    [("convnet", "convnet_small"), ("resnet", "resnet_tiny"), ("vit", "vit_micro"), ("gpt", "gpt_nano")],
+)
 def test_init_is_deterministic_given_seed(family, preset):
     def make(seed):
         torch.manual_seed(seed)
@@ -135,6 +163,7 @@ def test_init_is_deterministic_given_seed(family, preset):
 
 
 # --- kernels routing ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("family,preset", [("vit", "vit_micro"), ("gpt", "gpt_nano")])
 def test_explicit_torch_kernels_match_default(family, preset):
@@ -159,6 +188,7 @@ def test_ops_go_through_kernels_with_configured_impl(monkeypatch):
         def wrapper(*args, impl="auto", **kwargs):
             calls.append((name, impl))
             return real(*args, impl="torch", **kwargs)
+
         return wrapper
 
     for name in ("layer_norm", "attention", "bias_gelu"):
@@ -172,6 +202,7 @@ def test_ops_go_through_kernels_with_configured_impl(monkeypatch):
 
 
 # --- check / make_config ------------------------------------------------------------------
+
 
 def test_check_accepts_valid_specs():
     assert models.check("vit", "vit_micro", {}) == []
@@ -189,25 +220,29 @@ def test_check_unknown_preset_suggests():
 
 def test_check_unknown_field_suggests():
     assert models.check("vit", "vit_tiny", {"dept": 3}) == [
-        ("overrides.dept", "unknown field; did you mean 'depth'?")]
+        ("overrides.dept", "unknown field; did you mean 'depth'?")
+    ]
     [(path, msg)] = models.check("gpt", "gpt_nano", {"zzz": 1})
     assert path == "overrides.zzz" and "n_embd" in msg
 
 
-@pytest.mark.parametrize("family,overrides,path,fragment", [
-    ("vit", {"depth": "abc"}, "overrides.depth", "expected an integer, got 'abc'"),
-    ("vit", {"depth": True}, "overrides.depth", "expected an integer"),
-    ("vit", {"depth": 0}, "overrides.depth", "must be >= 1, got 0"),
-    ("vit", {"dropout": 1.5}, "overrides.dropout", "must be in [0, 1)"),
-    ("vit", {"mlp_ratio": "x"}, "overrides.mlp_ratio", "expected a number"),
-    ("vit", {"pool": "max"}, "overrides.pool", "expected one of 'cls', 'mean'"),
-    ("vit", {"qkv_bias": "yes"}, "overrides.qkv_bias", "expected true or false"),
-    ("resnet", {"layers": [3, "a"]}, "overrides.layers", "item 1: expected an integer"),
-    ("resnet", {"layers": []}, "overrides.layers", "must not be empty"),
-    ("resnet", {"small_stem": 3}, "overrides.small_stem", "true or false or null"),
-    ("gpt", {"kernels": {"attention": "cuda"}}, "overrides.kernels", "unknown impl 'cuda'"),
-    ("gpt", {"kernels": {"atention": "torch"}}, "overrides.kernels", "did you mean 'attention'"),
-])
+@pytest.mark.parametrize(
+    "family,overrides,path,fragment",
+    [
+        ("vit", {"depth": "abc"}, "overrides.depth", "expected an integer, got 'abc'"),
+        ("vit", {"depth": True}, "overrides.depth", "expected an integer"),
+        ("vit", {"depth": 0}, "overrides.depth", "must be >= 1, got 0"),
+        ("vit", {"dropout": 1.5}, "overrides.dropout", "must be in [0, 1)"),
+        ("vit", {"mlp_ratio": "x"}, "overrides.mlp_ratio", "expected a number"),
+        ("vit", {"pool": "max"}, "overrides.pool", "expected one of 'cls', 'mean'"),
+        ("vit", {"qkv_bias": "yes"}, "overrides.qkv_bias", "expected true or false"),
+        ("resnet", {"layers": [3, "a"]}, "overrides.layers", "item 1: expected an integer"),
+        ("resnet", {"layers": []}, "overrides.layers", "must not be empty"),
+        ("resnet", {"small_stem": 3}, "overrides.small_stem", "true or false or null"),
+        ("gpt", {"kernels": {"attention": "cuda"}}, "overrides.kernels", "unknown impl 'cuda'"),
+        ("gpt", {"kernels": {"atention": "torch"}}, "overrides.kernels", "did you mean 'attention'"),
+    ],
+)
 def test_check_value_problems(family, overrides, path, fragment):
     preset = models.presets(family)[0]
     problems = models.check(family, preset, overrides)
@@ -216,29 +251,46 @@ def test_check_value_problems(family, overrides, path, fragment):
 
 def test_check_cross_field_constraints():
     assert models.check("vit", "vit_b16", {"image_size": 100}) == [
-        ("overrides.image_size", "image_size 100 is not divisible by patch_size 16")]
+        ("overrides.image_size", "image_size 100 is not divisible by patch_size 16")
+    ]
     assert models.check("vit", "vit_b16", {"heads": 5}) == [
-        ("overrides.heads", "dim 768 is not divisible by heads 5")]
+        ("overrides.heads", "dim 768 is not divisible by heads 5")
+    ]
     assert models.check("gpt", "gpt_nano", {"n_embd": 50}) == [
-        ("overrides.n_embd", "n_embd 50 is not divisible by n_head 3")]
+        ("overrides.n_embd", "n_embd 50 is not divisible by n_head 3")
+    ]
     # the data's shape counts too: Fashion-MNIST's 28px with a patch-16 ViT
     [(path, msg)] = models.check("vit", "vit_b16", {}, data_info=image_info(28))
     assert path == "preset" and "not divisible by patch_size 16" in msg
     assert models.check("gpt", "gpt_nano", {}, data_info=image_info(28))[0][0] == "family"
 
 
-@pytest.mark.parametrize("family,preset,overrides", [
-    ("nope", "x", {}), (["vit"], "x", {}), ("vit", None, None), ("vit", ["vit_micro"], {}), ("vit", "vit_micro", "depth=3"),
-    ("vit", "vit_micro", {1: 2}), ("vit", "vit_micro", {"kernels": ["torch"]}),
-    ("resnet", "resnet50", {"layers": "3,4"}), ("gpt", "gpt_nano", {"n_head": 0, "n_embd": None}),
-])
+@pytest.mark.parametrize(
+    "family,preset,overrides",
+    [
+        ("nope", "x", {}),
+        (["vit"], "x", {}),
+        ("vit", None, None),
+        ("vit", ["vit_micro"], {}),
+        ("vit", "vit_micro", "depth=3"),
+        ("vit", "vit_micro", {1: 2}),
+        ("vit", "vit_micro", {"kernels": ["torch"]}),
+        ("resnet", "resnet50", {"layers": "3,4"}),
+        ("gpt", "gpt_nano", {"n_head": 0, "n_embd": None}),
+    ],
+)
 def test_check_never_raises(family, preset, overrides):
     assert models.check(family, preset, overrides)  # reports, does not raise
 
 
 def test_make_config_precedence():
-    cfg = models.make_config("vit", "vit_micro", {"num_classes": 3}, data_info=image_info(32, 3, 100),
-                             kernels={"attention": "torch"})
+    cfg = models.make_config(
+        "vit",
+        "vit_micro",
+        {"num_classes": 3},
+        data_info=image_info(32, 3, 100),
+        kernels={"attention": "torch"},
+    )
     assert (cfg.image_size, cfg.in_channels, cfg.num_classes) == (32, 3, 3)  # user override wins
     assert cfg.kernels == {"attention": "torch"}
     cfg = models.make_config("gpt", "gpt_nano", data_info=token_info(vocab=65, seq_len=512))
@@ -263,6 +315,7 @@ def test_build_rejects_invalid_spec():
 
 
 # --- catalog and FLOPs ------------------------------------------------------------------
+
 
 def test_catalog_covers_every_preset_with_exact_counts():
     start = time.perf_counter()
@@ -291,5 +344,5 @@ def test_count_flops_includes_attention_on_cpu():
         on_meta = models.count_flops(build("gpt", "gpt_nano"), x.to("meta"))
     c = model.config
     attention = c.n_layer * 2 * 2 * 128 * 128 * c.n_embd  # QK^T and AV, 2 FLOPs per MAC
-    linear = c.n_layer * 2 * 128 * 12 * c.n_embd ** 2 + 2 * 128 * c.n_embd * c.vocab_size
+    linear = c.n_layer * 2 * 128 * 12 * c.n_embd**2 + 2 * 128 * c.n_embd * c.vocab_size
     assert models.count_flops(model, x) == on_meta == attention + linear

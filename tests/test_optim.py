@@ -3,8 +3,8 @@
 import pytest
 
 from orchestrator.spec import SchedulerSpec
-from tests.test_training import VIT_DIGITS, local_train
 from tests.conftest import ROOT
+from tests.test_training import VIT_DIGITS, local_train
 from workers.optim import lr_factor
 
 
@@ -34,9 +34,15 @@ def test_constant_after_warmup():
 def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp_path):
     # a learning rate too small to move the eval loss by min_delta: evaluations at steps 2
     # (first best), 4 and 6 (no improvement) -> stop at step 6 with a checkpoint there
-    spec, summary = local_train(ROOT / "jobs/convnet.yaml", tmp_path, *VIT_DIGITS,
-                                "train.steps=40", "train.eval_every=2", "optimizer.lr=1e-9",
-                                "train.early_stopping={patience: 2, min_delta: 0.1}",
-                                "checkpoint.every_steps=null")
+    spec, summary = local_train(
+        ROOT / "jobs/convnet.yaml",
+        tmp_path,
+        *VIT_DIGITS,
+        "train.steps=40",
+        "train.eval_every=2",
+        "optimizer.lr=1e-9",
+        "train.early_stopping={patience: 2, min_delta: 0.1}",
+        "checkpoint.every_steps=null",
+    )
     assert summary["status"] == "stopped_early" and summary["steps"] == 6
     assert summary["checkpoint"].endswith("checkpoint_00000006")

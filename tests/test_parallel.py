@@ -58,7 +58,7 @@ def test_fp16_under_fsdp2_scales_the_loss_with_the_sharded_grad_scaler(runs, tmp
     state = torch.load(run.directory / "checkpoint_00000012/trainer.pt", weights_only=True)
     # the scale started at 2^16 and backed off: an overflow was found, on both ranks' shards,
     # and that step skipped (a rank-local check would leave the shards inconsistent)
-    assert state["scaler"]["scale"] < 2.0 ** 16
+    assert state["scaler"]["scale"] < 2.0**16
 
 
 def test_float8_compile_and_activation_checkpointing_together_under_fsdp2_and_ddp(runs):
@@ -78,10 +78,16 @@ def test_parallelize_applies_fsdp2_per_block_and_at_the_root_in_one_process():
     from orchestrator.spec import validate
     from workers import models
 
-    spec = validate({"name": "t", "model": {"family": "gpt", "preset": "gpt_nano"},
-                     "data": {"source": "synthetic", "kind": "tokens", "seq_len": 16},
-                     "train": {"steps": 1}, "parallel": {"strategy": "fsdp2"},
-                     "precision": {"dtype": "bf16"}})
+    spec = validate(
+        {
+            "name": "t",
+            "model": {"family": "gpt", "preset": "gpt_nano"},
+            "data": {"source": "synthetic", "kind": "tokens", "seq_len": 16},
+            "train": {"steps": 1},
+            "parallel": {"strategy": "fsdp2"},
+            "precision": {"dtype": "bf16"},
+        }
+    )
     model = models.build(spec.model, None)
     try:
         wrapped = parallelize(model, spec)

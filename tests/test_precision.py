@@ -26,8 +26,14 @@ STEPS = 6
 FP8_TOL, COMPILE_TOL, EXACT_TOL = 5e-2, 1e-2, 1e-6
 JOBS = {"vit": (VIT_JOB, VIT), "gpt": (GPT_JOB, GPT)}
 # small and fast: no eval set, 16 samples per step
-COMMON = [f"train.steps={STEPS}", "parallel.strategy=none", "resources.num_workers=1",
-          "data.eval_split=0", "data.batch_size=16", "model.overrides={dropout: 0.1}"]
+COMMON = [
+    f"train.steps={STEPS}",
+    "parallel.strategy=none",
+    "resources.num_workers=1",
+    "data.eval_split=0",
+    "data.batch_size=16",
+    "model.overrides={dropout: 0.1}",
+]
 
 
 def train(tmp_path, model, *overrides):
@@ -41,8 +47,10 @@ def train(tmp_path, model, *overrides):
 
 @pytest.fixture(scope="module")
 def bf16(tmp_path_factory):
-    return {model: train(tmp_path_factory.mktemp(f"{model}_bf16"), model, "precision.dtype=bf16")[2]
-            for model in JOBS}
+    return {
+        model: train(tmp_path_factory.mktemp(f"{model}_bf16"), model, "precision.dtype=bf16")[2]
+        for model in JOBS
+    }
 
 
 def max_rel(a: dict, b: dict) -> float:
@@ -54,8 +62,7 @@ def max_rel(a: dict, b: dict) -> float:
 def test_fp8_emulated_on_cpu_stays_near_bf16(tmp_path, bf16, model, recipe):
     from torchao.float8.float8_linear import Float8Linear
 
-    trainer, summary, fp8 = train(tmp_path, model, "precision.dtype=fp8",
-                                  f"precision.fp8_recipe={recipe}")
+    trainer, summary, fp8 = train(tmp_path, model, "precision.dtype=fp8", f"precision.fp8_recipe={recipe}")
     converted = {name for name, m in trainer.model.named_modules() if isinstance(m, Float8Linear)}
     # every block Linear, nothing outside the blocks (embedding, head stay high precision)
     assert len(converted) == 4 * len(trainer.model.blocks)
@@ -84,9 +91,15 @@ def test_convolutional_models_compile_as_a_whole_outside_fsdp2(monkeypatch):
     from workers import models
 
     monkeypatch.setenv("ORCHESTRATOR_COMPILE_BACKEND", "aot_eager")
-    spec = validate({"name": "c", "model": {"family": "convnet", "preset": "convnet_small"},
-                     "data": {"source": "digits"}, "train": {"steps": 1},
-                     "precision": {"compile": True}})
+    spec = validate(
+        {
+            "name": "c",
+            "model": {"family": "convnet", "preset": "convnet_small"},
+            "data": {"source": "digits"},
+            "train": {"steps": 1},
+            "precision": {"compile": True},
+        }
+    )
     model = models.build(spec.model, None).eval()  # eval: batch norm uses its running stats
     x = torch.randn(2, model.config.in_channels, model.config.image_size, model.config.image_size)
     eager = model(x)
@@ -97,11 +110,14 @@ def test_convolutional_models_compile_as_a_whole_outside_fsdp2(monkeypatch):
     assert compile_.apply(models.build(spec.model, None), spec) == "blocks"
 
 
-@pytest.mark.parametrize("model,mode,wrapped", [
-    ("vit", ["parallel.activation_checkpointing=full"], [0, 1, 2, 3]),
-    ("vit", ["parallel.activation_checkpointing=selective", "parallel.checkpoint_every=2"], [1, 3]),
-    ("gpt", ["parallel.activation_checkpointing=selective", "parallel.selective_policy=ops"], [0, 1, 2]),
-])
+@pytest.mark.parametrize(
+    "model,mode,wrapped",
+    [
+        ("vit", ["parallel.activation_checkpointing=full"], [0, 1, 2, 3]),
+        ("vit", ["parallel.activation_checkpointing=selective", "parallel.checkpoint_every=2"], [1, 3]),
+        ("gpt", ["parallel.activation_checkpointing=selective", "parallel.selective_policy=ops"], [0, 1, 2]),
+    ],
+)
 def test_activation_checkpointing_recomputes_the_same_forward(tmp_path, bf16, model, mode, wrapped):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
@@ -138,8 +154,9 @@ def test_fp8_filter_keeps_first_last_and_small_layers_in_high_precision():
         return {name for name, m in linears.items() if keep(m, name)}
 
     # tensorwise on a GPU: qkv (2304x768) and fc1 (3072x768) gain; proj and fc2 (N = 768) do not
-    assert converted("tensorwise", False) == {f"blocks.{i}.{layer}" for i in range(12)
-                                              for layer in ("attn.qkv", "mlp.fc1")}
+    assert converted("tensorwise", False) == {
+        f"blocks.{i}.{layer}" for i in range(12) for layer in ("attn.qkv", "mlp.fc1")
+    }
     # rowwise needs bigger matmuls than ViT-B/16 has
     assert converted("rowwise", False) == set()
     # emulated (CPU): every block Linear; the patch embedding and the head never
@@ -150,8 +167,20 @@ def test_fp8_filter_keeps_first_last_and_small_layers_in_high_precision():
 def test_fp8_size_thresholds_agree_with_torchaos_auto_filter():
     from torchao.float8 import _auto_filter_for_recipe
 
-    shapes = [(768, 768), (2304, 768), (3072, 768), (768, 3072), (1024, 4096), (4096, 1024),
-              (2048, 2048), (4096, 2048), (8192, 2048), (4096, 4096), (6144, 4096), (1040, 8192)]
+    shapes = [
+        (768, 768),
+        (2304, 768),
+        (3072, 768),
+        (768, 3072),
+        (1024, 4096),
+        (4096, 1024),
+        (2048, 2048),
+        (4096, 2048),
+        (8192, 2048),
+        (4096, 4096),
+        (6144, 4096),
+        (1040, 8192),
+    ]
     for recipe in ("tensorwise", "rowwise"):
         auto = _auto_filter_for_recipe(recipe, filter_fqns=[])
         for n, k in shapes:
@@ -168,9 +197,11 @@ def test_fp8_is_rejected_on_a_gpu_older_than_compute_capability_8_9(monkeypatch)
     spec, cuda = PrecisionSpec(dtype="fp8"), torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     problems = precision.device_problems(spec, cuda)
-    assert problems == ["precision.dtype: fp8 needs a GPU with compute capability 8.9 or newer "
-                        "(Ada, Hopper, Blackwell); this worker's NVIDIA A100-SXM4-80GB has 8.0: "
-                        "use bf16"]
+    assert problems == [
+        "precision.dtype: fp8 needs a GPU with compute capability 8.9 or newer "
+        "(Ada, Hopper, Blackwell); this worker's NVIDIA A100-SXM4-80GB has 8.0: "
+        "use bf16"
+    ]
     with pytest.raises(ValueError, match="compute capability 8.9"):
         precision.Precision(spec, cuda)
     assert precision.device_problems(PrecisionSpec(dtype="bf16"), cuda) == []
@@ -180,14 +211,23 @@ def test_fp8_is_rejected_on_a_gpu_older_than_compute_capability_8_9(monkeypatch)
 
 
 def test_the_spec_runs_every_scaling_feature():
-    spec = validate({
-        "name": "all", "model": {"family": "gpt", "preset": "gpt_nano"},
-        "data": {"source": "synthetic", "kind": "tokens", "seq_len": 16, "batch_size": 4},
-        "train": {"steps": 2}, "resources": {"num_workers": 2},
-        "parallel": {"strategy": "fsdp2", "activation_checkpointing": "selective",
-                     "selective_policy": "ops", "cpu_offload": True},
-        "precision": {"dtype": "fp16", "compile": True},
-        "checkpoint": {"every_steps": 1, "async": True}})
+    spec = validate(
+        {
+            "name": "all",
+            "model": {"family": "gpt", "preset": "gpt_nano"},
+            "data": {"source": "synthetic", "kind": "tokens", "seq_len": 16, "batch_size": 4},
+            "train": {"steps": 2},
+            "resources": {"num_workers": 2},
+            "parallel": {
+                "strategy": "fsdp2",
+                "activation_checkpointing": "selective",
+                "selective_policy": "ops",
+                "cpu_offload": True,
+            },
+            "precision": {"dtype": "fp16", "compile": True},
+            "checkpoint": {"every_steps": 1, "async": True},
+        }
+    )
     assert unimplemented(spec) == []
     spec.precision.dtype = "fp8"
     assert unimplemented(spec) == []

@@ -62,8 +62,11 @@ def test_ddp_job_checkpoints_to_storage_and_resumes(ray_head, tmp_path):
     summary = json.loads((tmp_path / "again.json").read_text())
     assert "resuming at step 10" in again.stdout and "step 5/" not in again.stdout
     assert summary["steps"] == 20 and summary["resumed_from_step"] == 10
-    assert checkpoints(run_dir) == ["checkpoint_00000010", "checkpoint_00000015",
-                                    "checkpoint_00000020"]  # checkpoint.keep: 3
+    assert checkpoints(run_dir) == [
+        "checkpoint_00000010",
+        "checkpoint_00000015",
+        "checkpoint_00000020",
+    ]  # checkpoint.keep: 3
     assert train_steps(run_dir / "metrics.jsonl") == [5, 10, 15, 20]
 
 
@@ -81,15 +84,30 @@ def _read_until(process, pattern: str, lines: list, deadline: float) -> str:
 @pytest.mark.timeout(420)
 def test_killed_worker_restarts_from_last_checkpoint(ray_head, tmp_path):
     steps = 300  # long enough to still be training after the kill, even on a fast machine
-    args = [sys.executable, "-m", "orchestrator", "run", SPEC, "--address", ray_head.address,
-            "--summary", str(tmp_path / "summary.json")]
-    for override in [f"checkpoint.storage={tmp_path}", f"train.steps={steps}",
-                     "checkpoint.every_steps=40", "metrics.log_every=20",
-                     "fault_tolerance.max_failures=1", "train.eval_every=null"]:
+    args = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "run",
+        SPEC,
+        "--address",
+        ray_head.address,
+        "--summary",
+        str(tmp_path / "summary.json"),
+    ]
+    for override in [
+        f"checkpoint.storage={tmp_path}",
+        f"train.steps={steps}",
+        "checkpoint.every_steps=40",
+        "metrics.log_every=20",
+        "fault_tolerance.max_failures=1",
+        "train.eval_every=null",
+    ]:
         args += ["--set", override]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **ray_head.env}
-    process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines: list[str] = []
     try:
         deadline = time.time() + 300
@@ -119,9 +137,17 @@ def test_killed_worker_restarts_from_last_checkpoint(ray_head, tmp_path):
 def test_local_cluster_run_fails_on_nan_and_keeps_the_last_good_checkpoint(ray_head, tmp_path):
     # no --address: the driver starts a private local Ray and stops it again; a huge weight
     # decay blows the weights up after the step-1 checkpoint
-    result = run(ray_head, tmp_path, "train.steps=10", "checkpoint.every_steps=1",
-                 "metrics.log_every=1", "optimizer.weight_decay=1e30", address=False,
-                 summary=tmp_path / "summary.json", env={"HOME": str(tmp_path)})
+    result = run(
+        ray_head,
+        tmp_path,
+        "train.steps=10",
+        "checkpoint.every_steps=1",
+        "metrics.log_every=1",
+        "optimizer.weight_decay=1e30",
+        address=False,
+        summary=tmp_path / "summary.json",
+        env={"HOME": str(tmp_path)},
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "local Ray" in result.stdout
     reason = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -135,15 +161,21 @@ def test_local_cluster_run_fails_on_nan_and_keeps_the_last_good_checkpoint(ray_h
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("storage", [
-    "{tmp}/a-file/runs",  # a path under a regular file: cannot be created
-    "s3://bucket/runs?endpoint_override=127.0.0.1:9&scheme=http",  # nothing listens there
-])
+@pytest.mark.parametrize(
+    "storage",
+    [
+        "{tmp}/a-file/runs",  # a path under a regular file: cannot be created
+        "s3://bucket/runs?endpoint_override=127.0.0.1:9&scheme=http",  # nothing listens there
+    ],
+)
 def test_unusable_storage_fails_before_any_worker_starts(ray_head, tmp_path, storage):
     (tmp_path / "a-file").write_text("not a directory")
     storage = storage.format(tmp=tmp_path)
-    result = run(ray_head, storage, env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
-                                         "AWS_EC2_METADATA_DISABLED": "true"})
+    result = run(
+        ray_head,
+        storage,
+        env={"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_EC2_METADATA_DISABLED": "true"},
+    )
     assert result.returncode == 1
     assert "error: convnet-digits: checkpoint storage '" in result.stderr
     assert storage.split("?")[0] in result.stderr and "is not writable" in result.stderr
@@ -157,8 +189,15 @@ def test_spec_errors_exit_2_before_touching_a_cluster(ray_head, tmp_path):
 
 
 def test_a_dashboard_address_is_explained(ray_head, tmp_path):
-    result = run_cli("run", SPEC, "--set", f"checkpoint.storage={tmp_path}",
-                     "--address", ray_head.dashboard, env=ray_head.env)
+    result = run_cli(
+        "run",
+        SPEC,
+        "--set",
+        f"checkpoint.storage={tmp_path}",
+        "--address",
+        ray_head.dashboard,
+        env=ray_head.env,
+    )
     assert result.returncode == 1
     assert "is a dashboard (Jobs API) address" in result.stderr
     assert "orchestrator submit" in result.stderr
@@ -168,11 +207,28 @@ def test_a_dashboard_address_is_explained(ray_head, tmp_path):
 def test_joining_a_token_cluster_without_the_token_says_what_to_do(ray_head, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env.update(HOME=str(tmp_path), PYTHONPATH=str(ROOT))  # no ~/.ray/auth_token either
-    result = subprocess.run([sys.executable, "-m", "orchestrator", "run", SPEC, "--address",
-                             ray_head.address, "--set", f"checkpoint.storage={tmp_path}"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            SPEC,
+            "--address",
+            ray_head.address,
+            "--set",
+            f"checkpoint.storage={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: convnet-digits: the Ray cluster at {ray_head.address} requires"
-                           " an auth token and none was found")
+    assert last.startswith(
+        f"error: convnet-digits: the Ray cluster at {ray_head.address} requires"
+        " an auth token and none was found"
+    )
     assert "ray get-auth-token" in last and "Traceback" not in result.stderr

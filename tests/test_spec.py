@@ -31,6 +31,7 @@ def setter(path: str, value):
         for part in parents:
             node = node.setdefault(part, {})
         node[last] = value
+
     return mutate
 
 
@@ -57,8 +58,11 @@ BAD_FIELDS = [
     (setter("model.preset", "vit_hugee"), "model.preset", "unknown preset"),
     (setter("model.overrides", {"dept": 3}), "model.overrides.dept", "did you mean 'depth'"),
     (setter("model.overrides", {"depth": "deep"}), "model.overrides.depth", "integer"),
-    (setter("model.overrides", {"patch_size": 3}), "model.overrides.patch_size",
-     "image_size 8 is not divisible by patch_size 3"),  # checked against the data's 8x8 images
+    (
+        setter("model.overrides", {"patch_size": 3}),
+        "model.overrides.patch_size",
+        "image_size 8 is not divisible by patch_size 3",
+    ),  # checked against the data's 8x8 images
     (setter("data.source", "imagenet"), "data.source", "'imagenet' is not allowed"),
     (setter("data.batch_size", 0), "data.batch_size", "greater than or equal to 1"),
     (setter("data.batch_size", "lots"), "data.batch_size", "integer"),
@@ -67,7 +71,11 @@ BAD_FIELDS = [
     (setter("train.steps", -5), "train.steps", "greater than or equal to 1"),
     (setter("train.epochs", 3), "train", "exactly one of train.steps or train.epochs"),
     (setter("train.label_smoothing", 1.5), "train.label_smoothing", "less than 1"),
-    (setter("train.early_stopping", {"patience": 0}), "train.early_stopping.patience", "greater than or equal to 1"),
+    (
+        setter("train.early_stopping", {"patience": 0}),
+        "train.early_stopping.patience",
+        "greater than or equal to 1",
+    ),
     (setter("optimizer.name", "adam"), "optimizer.name", "did you mean 'adamw'"),
     (setter("optimizer.lr", 0), "optimizer.lr", "greater than 0"),
     (setter("optimizer.betas", [0.9, 1.2]), "optimizer.betas", "each beta must be in [0, 1)"),
@@ -81,33 +89,56 @@ BAD_FIELDS = [
     (setter("resources.gpus_per_worker", -1), "resources.gpus_per_worker", "greater than or equal"),
     (setter("checkpoint.keep", 0), "checkpoint.keep", "greater than or equal to 1"),
     (setter("checkpoint.every_steps", "often"), "checkpoint.every_steps", "integer"),
-    (setter("fault_tolerance.max_failures", -3), "fault_tolerance.max_failures", "greater than or equal to -1"),
+    (
+        setter("fault_tolerance.max_failures", -3),
+        "fault_tolerance.max_failures",
+        "greater than or equal to -1",
+    ),
     (setter("scheduling.priority", 5000), "scheduling.priority", "less than or equal to 1000"),
     (setter("metrics.prometheus_port", 70000), "metrics.prometheus_port", "less than or equal to 65535"),
     (setter("metrics.log_every", 0), "metrics.log_every", "greater than or equal to 1"),
     (setter("name", "My Job!"), "name", "lowercase"),
     (lambda raw: raw.pop("name"), "name", "required field is missing"),
     (lambda raw: raw.pop("model"), "model", "required field is missing"),
-    (lambda raw: (setter("resources.num_workers", 4)(raw), setter("parallel.strategy", "ddp")(raw),
-                  setter("data.batch_size", 30)(raw)),
-     "data.batch_size", "divisible by resources.num_workers x train.grad_accum = 4 x 1"),
-    (lambda raw: (setter("data.batch_size", 32)(raw), setter("train.grad_accum", 3)(raw)),
-     "data.batch_size", "divisible"),
+    (
+        lambda raw: (
+            setter("resources.num_workers", 4)(raw),
+            setter("parallel.strategy", "ddp")(raw),
+            setter("data.batch_size", 30)(raw),
+        ),
+        "data.batch_size",
+        "divisible by resources.num_workers x train.grad_accum = 4 x 1",
+    ),
+    (
+        lambda raw: (setter("data.batch_size", 32)(raw), setter("train.grad_accum", 3)(raw)),
+        "data.batch_size",
+        "divisible",
+    ),
     (setter("resources.num_workers", 2), "parallel.strategy", "'none' trains on one worker"),
     (setter("model", {"family": "gpt", "preset": "gpt_nano"}), "model.family", "needs tokens data"),
     (setter("train.early_stopping", {"patience": 2}), "train.early_stopping", "needs train.eval_every"),
     (setter("checkpoint.storage", "  "), "checkpoint.storage", "empty"),
-    (lambda raw: (setter("precision.dtype", "fp8")(raw),
-                  setter("model", {"family": "convnet", "preset": "convnet_small"})(raw)),
-     "precision.dtype", "fp8 applies to Linear layers"),
+    (
+        lambda raw: (
+            setter("precision.dtype", "fp8")(raw),
+            setter("model", {"family": "convnet", "preset": "convnet_small"})(raw),
+        ),
+        "precision.dtype",
+        "fp8 applies to Linear layers",
+    ),
 ]
 
 
-@pytest.mark.parametrize("mutate,path,words", BAD_FIELDS, ids=[f"{i:02d}-{c[1]}" for i, c in enumerate(BAD_FIELDS)])
+@pytest.mark.parametrize(
+    "mutate,path,words", BAD_FIELDS, ids=[f"{i:02d}-{c[1]}" for i, c in enumerate(BAD_FIELDS)]
+)
 def test_bad_field_is_named_with_reason(mutate, path, words):
     problems = problems_for(mutate)
-    matching = [p for p in problems if p.startswith(path + ":") or p.startswith(path + " ")
-                or p.startswith(path + ".")]
+    matching = [
+        p
+        for p in problems
+        if p.startswith(path + ":") or p.startswith(path + " ") or p.startswith(path + ".")
+    ]
     assert matching, f"no problem names {path!r}: {problems}"
     assert any(words in p for p in matching), f"{words!r} not in {matching}"
 
@@ -146,19 +177,24 @@ def test_empty_file_and_non_mapping_are_errors(tmp_path):
 
 def test_overrides_are_typed_by_the_schema(tmp_path):
     path = write(tmp_path, yaml.safe_dump(BASE))
-    spec = load_spec(path, ["train.steps=20", "precision.dtype=bf16", "optimizer.betas=[0.8, 0.9]",
-                            "model.overrides.depth=2"])
+    spec = load_spec(
+        path,
+        ["train.steps=20", "precision.dtype=bf16", "optimizer.betas=[0.8, 0.9]", "model.overrides.depth=2"],
+    )
     assert spec.train.steps == 20 and spec.precision.dtype == "bf16"
     assert spec.optimizer.betas == (0.8, 0.9) and spec.model.overrides == {"depth": 2}
 
 
-@pytest.mark.parametrize("override,words", [
-    ("train.steps=abc", "train.steps: Input should be a valid integer"),
-    ("train.stpes=3", "train.stpes: unknown field; did you mean 'steps'"),
-    ("precision.dtype=fp64", "precision.dtype: 'fp64' is not allowed"),
-    ("train.steps", "expected KEY=VALUE"),
-    ("name.first=x", "'name' is not a section"),
-])
+@pytest.mark.parametrize(
+    "override,words",
+    [
+        ("train.steps=abc", "train.steps: Input should be a valid integer"),
+        ("train.stpes=3", "train.stpes: unknown field; did you mean 'steps'"),
+        ("precision.dtype=fp64", "precision.dtype: 'fp64' is not allowed"),
+        ("train.steps", "expected KEY=VALUE"),
+        ("name.first=x", "'name' is not a section"),
+    ],
+)
 def test_bad_overrides_are_named(tmp_path, override, words):
     path = write(tmp_path, yaml.safe_dump(BASE))
     with pytest.raises(SpecError) as info:

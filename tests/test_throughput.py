@@ -13,8 +13,16 @@ from workers.data import DataInfo
 
 
 def tokens_info(seq_len, vocab):
-    return DataInfo(kind="tokens", num_classes=None, in_channels=None, image_size=None,
-                    vocab_size=vocab, seq_len=seq_len, train_size=1, eval_size=0)
+    return DataInfo(
+        kind="tokens",
+        num_classes=None,
+        in_channels=None,
+        image_size=None,
+        vocab_size=vocab,
+        seq_len=seq_len,
+        train_size=1,
+        eval_size=0,
+    )
 
 
 def test_gpt2_small_flops_match_the_6n_plus_attention_formula():
@@ -30,18 +38,35 @@ def test_gpt2_small_flops_match_the_6n_plus_attention_formula():
 def test_vit_b16_flops_match_the_published_figure():
     # timm: 17.58 GMACs forward at 224px; training is ~3x the forward (the patch embedding
     # needs no input gradient, so slightly less)
-    info = DataInfo(kind="image", num_classes=1000, in_channels=3, image_size=224, vocab_size=None,
-                    seq_len=None, train_size=1, eval_size=0)
+    info = DataInfo(
+        kind="image",
+        num_classes=1000,
+        in_channels=3,
+        image_size=224,
+        vocab_size=None,
+        seq_len=None,
+        train_size=1,
+        eval_size=0,
+    )
     model = SimpleNamespace(family="vit", preset="vit_b16", overrides={})
     flops = throughput.train_flops_per_sample(model, info)
     assert flops == pytest.approx(3 * 2 * 17.58e9, rel=0.01)
 
 
-@pytest.mark.parametrize("name,peak", [
-    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
-    ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100-PCIE-40GB", 312.0),
-    ("NVIDIA L40S", 362.0), ("NVIDIA B200", 2250.0), ("Tesla T4", None),
-])
+@pytest.mark.parametrize(
+    "name,peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100-PCIE-40GB", 312.0),
+        ("NVIDIA L40S", 362.0),
+        ("NVIDIA B200", 2250.0),
+        ("Tesla T4", None),
+    ],
+)
 def test_peak_flops_by_device_name(name, peak):
     found = throughput.peak_tflops(name)
     assert (found[0] if found else None) == peak
@@ -51,13 +76,21 @@ def test_mfu_against_the_bf16_peak_and_never_for_fp8():
     value, note = throughput.mfu(494.5e12, "NVIDIA H100 80GB HBM3", "bf16")
     assert value == pytest.approx(0.5) and "989" in note
     assert throughput.mfu(494.5e12, "NVIDIA H100 80GB HBM3", "fp8") == (
-        None, "no MFU for fp8: part of the model runs in bf16, so no single peak applies")
+        None,
+        "no MFU for fp8: part of the model runs in bf16, so no single peak applies",
+    )
     assert throughput.mfu(1e12, "Tesla T4", "bf16")[0] is None
 
 
 def test_rates_per_worker_and_in_total(monkeypatch):
-    meter = throughput.Meter(torch.device("cpu"), samples_per_step=32, tokens_per_sample=128,
-                             world_size=2, flops_per_sample=10**9, dtype="bf16")
+    meter = throughput.Meter(
+        torch.device("cpu"),
+        samples_per_step=32,
+        tokens_per_sample=128,
+        world_size=2,
+        flops_per_sample=10**9,
+        dtype="bf16",
+    )
     rates = meter.rates(100.0)
     assert rates["samples_per_s_per_worker"] == 50.0 and rates["tokens_per_s"] == 12800.0
     assert rates["tokens_per_s_per_worker"] == 6400.0
@@ -74,15 +107,24 @@ def test_the_trainer_reports_steady_state_throughput(tmp_path):
     from workers.context import LocalContext
     from workers.trainer import train
 
-    spec = load_spec(GPT_JOB, [*GPT, "train.steps=4", "data.eval_split=0", "parallel.strategy=none",
-                               f"checkpoint.storage={tmp_path}"])
+    spec = load_spec(
+        GPT_JOB,
+        [
+            *GPT,
+            "train.steps=4",
+            "data.eval_split=0",
+            "parallel.strategy=none",
+            f"checkpoint.storage={tmp_path}",
+        ],
+    )
     summary = train(spec, LocalContext(spec))
     rates = summary["throughput"]
     assert rates["steady_steps"] == 3  # the first step (warm-up) is left out
     assert rates["flops_per_step"] == 16 * throughput.train_flops_per_sample(spec.model, tokens_info(32, 256))
     assert rates["tokens_per_s"] == pytest.approx(32 * rates["samples_per_s"])
     assert rates["tflops_per_worker"] == pytest.approx(
-        rates["flops_per_step"] / 1e12 / rates["step_time_s"], rel=1e-6)
+        rates["flops_per_step"] / 1e12 / rates["step_time_s"], rel=1e-6
+    )
     records = [json.loads(line) for line in (tmp_path / spec.name / "metrics.jsonl").read_text().splitlines()]
     assert all("tflops_per_worker" in r and "tokens_per_s" in r for r in records if "loss" in r)
 
@@ -104,13 +146,18 @@ def test_gpu_benchmark_dry_run_covers_the_whole_path_on_tiny_shapes(tmp_path):
     assert prov["dry_run"] is True and prov["torch"] == torch.__version__
     assert {"device", "triton", "commit", "date", "command"} <= set(prov)
     results = {(r["model"], r["mode"]): r for r in report["results"]}
-    assert set(results) == {(m, mode) for m in ("vit_b16", "gpt2_small")
-                            for mode in ("eager", "compile", "compile+fp8", "compile+triton")}
+    assert set(results) == {
+        (m, mode)
+        for m in ("vit_b16", "gpt2_small")
+        for mode in ("eager", "compile", "compile+fp8", "compile+triton")
+    }
     for (model, mode), r in results.items():
         assert r["samples_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None
-        assert r["kernels"] == ("auto" if mode != "compile+triton" else
-                                {op: "triton" for op in ("attention", "layer_norm", "cross_entropy",
-                                                         "bias_gelu")})
+        assert r["kernels"] == (
+            "auto"
+            if mode != "compile+triton"
+            else {op: "triton" for op in ("attention", "layer_norm", "cross_entropy", "bias_gelu")}
+        )
         assert (r["compile_s"] is None) == (mode == "eager")
         assert (r["tokens_per_s"] is not None) == (model == "gpt2_small")
     assert "| vit_micro, depth=1 | compile+fp8 |" in report_file.with_suffix(".md").read_text()
@@ -122,5 +169,6 @@ def _python(*args):
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )

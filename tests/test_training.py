@@ -23,9 +23,15 @@ def local_train(spec_path, tmp_path, *overrides):
 
 # a small ViT with dropout on digits: dropout makes the RNG state part of what resume must restore
 VIT_DIGITS = [
-    "model.family=vit", "model.preset=vit_micro", "model.overrides={dropout: 0.1}",
-    "train.steps=16", "metrics.log_every=1", "checkpoint.every_steps=8",
-    "parallel.strategy=none", "resources.num_workers=1", "data.batch_size=32",
+    "model.family=vit",
+    "model.preset=vit_micro",
+    "model.overrides={dropout: 0.1}",
+    "train.steps=16",
+    "metrics.log_every=1",
+    "checkpoint.every_steps=8",
+    "parallel.strategy=none",
+    "resources.num_workers=1",
+    "data.batch_size=32",
     "train.eval_every=null",
 ]
 
@@ -58,13 +64,22 @@ def test_resume_never_starts_a_new_run(tmp_path):
     assert again["run"].startswith(spec.name + "-")
     # the first run's checkpoints are untouched, and keep=3 pruned the oldest
     assert sorted(p.name for p in (tmp_path / spec.name).glob("checkpoint_*")) == [
-        "checkpoint_00000002", "checkpoint_00000004"]
+        "checkpoint_00000002",
+        "checkpoint_00000004",
+    ]
 
 
 def test_nan_loss_fails_and_keeps_the_last_good_checkpoint(tmp_path):
-    spec, summary = local_train(ROOT / "jobs/convnet.yaml", tmp_path, *VIT_DIGITS,
-                                "train.steps=12", "checkpoint.every_steps=4", "optimizer.lr=10",
-                                "train.clip_grad_norm=null", "optimizer.name=sgd")
+    spec, summary = local_train(
+        ROOT / "jobs/convnet.yaml",
+        tmp_path,
+        *VIT_DIGITS,
+        "train.steps=12",
+        "checkpoint.every_steps=4",
+        "optimizer.lr=10",
+        "train.clip_grad_norm=null",
+        "optimizer.name=sgd",
+    )
     if summary["status"] == "succeeded":
         pytest.fail("lr=10 with SGD and no clipping should diverge")
     assert summary["status"] == "failed" and "not finite" in summary["reason"]
@@ -73,19 +88,46 @@ def test_nan_loss_fails_and_keeps_the_last_good_checkpoint(tmp_path):
 
 
 def torchrun(nproc: int, spec, *args, timeout=600):
-    return run_cli("--standalone", f"--nproc_per_node={nproc}", "-m", "workers.run", str(spec), *args,
-                   module="torch.distributed.run", timeout=timeout)
+    return run_cli(
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "workers.run",
+        str(spec),
+        *args,
+        module="torch.distributed.run",
+        timeout=timeout,
+    )
 
 
 def test_ddp_with_accumulation_matches_one_process_with_the_combined_batch(tmp_path):
-    common = ["model.family=vit", "model.preset=vit_micro", "train.steps=12", "metrics.log_every=1",
-              "data.batch_size=32", "train.eval_every=null", "train.label_smoothing=0.1"]
+    common = [
+        "model.family=vit",
+        "model.preset=vit_micro",
+        "train.steps=12",
+        "metrics.log_every=1",
+        "data.batch_size=32",
+        "train.eval_every=null",
+        "train.label_smoothing=0.1",
+    ]
     spec = ROOT / "jobs/convnet.yaml"
-    single = run_cli("run", "--local", str(spec), *[f"--set={o}" for o in common],
-                     f"--set=checkpoint.storage={tmp_path / 'one'}", "--set=parallel.strategy=none")
+    single = run_cli(
+        "run",
+        "--local",
+        str(spec),
+        *[f"--set={o}" for o in common],
+        f"--set=checkpoint.storage={tmp_path / 'one'}",
+        "--set=parallel.strategy=none",
+    )
     assert single.returncode == 0, single.stderr
-    ddp = torchrun(2, spec, *[f"--set={o}" for o in common], f"--set=checkpoint.storage={tmp_path / 'two'}",
-                   "--set=parallel.strategy=ddp", "--set=train.grad_accum=2")
+    ddp = torchrun(
+        2,
+        spec,
+        *[f"--set={o}" for o in common],
+        f"--set=checkpoint.storage={tmp_path / 'two'}",
+        "--set=parallel.strategy=ddp",
+        "--set=train.grad_accum=2",
+    )
     assert ddp.returncode == 0, ddp.stderr
     one = losses(tmp_path / "one/convnet-digits/metrics.jsonl")
     two = losses(tmp_path / "two/convnet-digits/metrics.jsonl")
@@ -97,8 +139,9 @@ def test_ddp_with_accumulation_matches_one_process_with_the_combined_batch(tmp_p
 
 def test_ddp_convnet_on_digits_reaches_95_percent(tmp_path):
     summary = tmp_path / "summary.json"
-    result = torchrun(2, ROOT / "jobs/convnet.yaml", f"--set=checkpoint.storage={tmp_path}",
-                      "--summary", str(summary))
+    result = torchrun(
+        2, ROOT / "jobs/convnet.yaml", f"--set=checkpoint.storage={tmp_path}", "--summary", str(summary)
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(summary.read_text())
     assert data["world_size"] == 2 and data["steps"] == 300

@@ -24,7 +24,10 @@ from orchestrator.spec import ParallelSpec
 _aten = torch.ops.aten
 # compute-bound ops whose outputs are worth keeping (recomputing them costs real FLOPs)
 SAVE_OPS = {
-    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+    _aten.mm.default,
+    _aten.addmm.default,
+    _aten.bmm.default,
+    _aten.baddbmm.default,
     _aten._scaled_mm.default,
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_efficient_attention.default,

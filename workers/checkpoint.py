@@ -61,9 +61,11 @@ def _first_failure(err: BaseException) -> str:
 def rng_state() -> dict[str, Any]:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     # numpy's state as plain values, so that it loads with weights_only=True
-    state = {"python": random.getstate(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)),
-                                                     pos, has_gauss, cached),
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -83,8 +85,14 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def save(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         trainer_state: dict, history: list[dict], rank: int) -> None:
+def save(
+    directory: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict,
+    history: list[dict],
+    rank: int,
+) -> None:
     """Collective: every rank calls it with the same directory (local to the rank)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -96,8 +104,9 @@ def save(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.O
     _barrier()
 
 
-def _write_side_files(directory: Path, trainer_state: dict, history: list[dict], rng: dict,
-                      rank: int) -> None:
+def _write_side_files(
+    directory: Path, trainer_state: dict, history: list[dict], rng: dict, rank: int
+) -> None:
     (directory / "rng").mkdir(parents=True, exist_ok=True)
     torch.save(rng, directory / "rng" / f"rank_{rank:05d}.pt")
     if rank == 0:
@@ -149,29 +158,46 @@ class PendingSave:
         _write_side_files(directory, self.trainer_state, self.history, self.rng, self.rank)
 
 
-def save_async(staging: str | Path, step: int, model: torch.nn.Module,
-               optimizer: torch.optim.Optimizer, trainer_state: dict, history: list[dict],
-               rank: int, metrics: dict) -> PendingSave:
+def save_async(
+    staging: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer_state: dict,
+    history: list[dict],
+    rank: int,
+    metrics: dict,
+) -> PendingSave:
     """Collective: stage state into CPU memory (blocking), write it in the background."""
     staging = Path(staging)
     staging.mkdir(parents=True, exist_ok=True)  # ranks may share it: no one clears it here
     model_state, optim_state = get_state_dict(model, optimizer)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to")
-        future = dcp.async_save({"model": model_state, "optim": optim_state},
-                                checkpoint_id=str(staging), process_group=_checkpoint_group())
+        future = dcp.async_save(
+            {"model": model_state, "optim": optim_state},
+            checkpoint_id=str(staging),
+            process_group=_checkpoint_group(),
+        )
     # RNG and metrics as of this step: they are written when the checkpoint is published
-    return PendingSave(step, staging, future, dict(trainer_state), list(history), rng_state(), rank,
-                       dict(metrics))
+    return PendingSave(
+        step, staging, future, dict(trainer_state), list(history), rng_state(), rank, dict(metrics)
+    )
 
 
-def load(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         rank: int, world_size: int) -> tuple[dict, list[dict]]:
+def load(
+    directory: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rank: int,
+    world_size: int,
+) -> tuple[dict, list[dict]]:
     """Restore model, optimizer and RNG in place; return (trainer_state, metrics history)."""
     directory = Path(directory)
     if not (directory / TRAINER_FILE).exists() or not (directory / ".metadata").exists():
-        raise CheckpointError(f"'{directory}' is not a complete checkpoint "
-                              f"(missing {TRAINER_FILE} or .metadata)")
+        raise CheckpointError(
+            f"'{directory}' is not a complete checkpoint (missing {TRAINER_FILE} or .metadata)"
+        )
     # plain containers and tensors only: nothing in a checkpoint may run code when read
     trainer_state = torch.load(directory / TRAINER_FILE, weights_only=True)
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -181,8 +207,9 @@ def load(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.O
             warnings.filterwarnings("ignore", message=".*assuming the intent is to")
             dcp.load(state, checkpoint_id=str(directory))
     except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
-        raise CheckpointError(f"checkpoint '{directory}' does not fit this model: "
-                              f"{_first_failure(err)}") from err
+        raise CheckpointError(
+            f"checkpoint '{directory}' does not fit this model: {_first_failure(err)}"
+        ) from err
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     rng_file = directory / "rng" / f"rank_{rank:05d}.pt"
@@ -193,9 +220,12 @@ def load(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.O
         seed = int(trainer_state["seed"]) * 7919 + int(trainer_state["step"]) * 31 + rank
         random.seed(seed), np.random.seed(seed % 2**32), torch.manual_seed(seed)
         if rank == 0:
-            log.warning("resuming a %d-worker checkpoint on %d workers: weights and optimizer are "
-                        "resharded exactly; dropout RNG streams are reseeded",
-                        trainer_state["world_size"], world_size)
+            log.warning(
+                "resuming a %d-worker checkpoint on %d workers: weights and optimizer are "
+                "resharded exactly; dropout RNG streams are reseeded",
+                trainer_state["world_size"],
+                world_size,
+            )
     history = []
     metrics_file = directory / METRICS_FILE
     if metrics_file.exists():
@@ -216,9 +246,11 @@ def read_model_state(directory: str | Path) -> dict[str, torch.Tensor]:
     if not (directory / ".metadata").exists():
         raise CheckpointError(f"'{directory}' is not a checkpoint directory (no .metadata)")
     metadata = FileSystemReader(str(directory)).read_metadata()
-    state = {key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)
-             for key, item in metadata.state_dict_metadata.items()
-             if key.startswith("model.") and isinstance(item, TensorStorageMetadata)}
+    state = {
+        key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)
+        for key, item in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(item, TensorStorageMetadata)
+    }
     if not state:
         raise CheckpointError(f"checkpoint '{directory}' holds no model weights")
     with warnings.catch_warnings():  # one process reading every shard is the point here

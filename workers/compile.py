@@ -19,9 +19,8 @@ ORCHESTRATOR_COMPILE_BACKEND overrides the backend (default "inductor"); tests u
 
 from __future__ import annotations
 
-import os
-
 import functools
+import os
 
 import torch
 from torch import nn

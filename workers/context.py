@@ -14,8 +14,8 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -51,7 +51,7 @@ class RunContext:
 
     def setup(self) -> None: ...
 
-    def resume_from(self) -> Optional[str]:
+    def resume_from(self) -> str | None:
         """A local directory holding the checkpoint to continue from, or None."""
         return None
 
@@ -88,7 +88,7 @@ class LocalContext(RunContext):
         self.name = run_name(spec)
         self.run_uri = storage.join(spec.checkpoint.storage, self.name)
         self._tmp = Path(tempfile.mkdtemp(prefix="orchestrator-"))
-        self._metrics_path: Optional[Path] = None
+        self._metrics_path: Path | None = None
 
     def setup(self) -> None:
         # torchrun on a GPU machine trains on GPUs; gpus_per_worker only sizes Ray reservations
@@ -108,7 +108,7 @@ class LocalContext(RunContext):
         names = [n for n in storage.list_dirs(self.run_uri) if CHECKPOINT_PATTERN.match(n)]
         return [n for n in names if storage.exists(storage.join(self.run_uri, n, "trainer.pt"))]
 
-    def resume_from(self) -> Optional[str]:
+    def resume_from(self) -> str | None:
         resume = self.spec.checkpoint.resume
         if resume == "never":
             return None
@@ -143,7 +143,7 @@ class LocalContext(RunContext):
         return uri
 
     def _prune(self) -> None:
-        for name in self._checkpoints()[:-self.spec.checkpoint.keep]:
+        for name in self._checkpoints()[: -self.spec.checkpoint.keep]:
             storage.delete_dir(storage.join(self.run_uri, name))
 
     # -- metrics --------------------------------------------------------------------

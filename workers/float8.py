@@ -54,8 +54,13 @@ def convert(model: nn.Module, recipe: str, device: torch.device) -> list[str]:
     names = [name for name, m in model.named_modules() if keep(m, name)]
     convert_to_float8_training(model, module_filter_fn=keep, config=config)
     kept = sum(isinstance(m, nn.Linear) for m in model.modules()) - len(names)
-    log.info("float8 (%s%s): %d Linear layers in float8, %d kept in high precision", recipe,
-             ", emulated" if emulate else "", len(names), kept)
+    log.info(
+        "float8 (%s%s): %d Linear layers in float8, %d kept in high precision",
+        recipe,
+        ", emulated" if emulate else "",
+        len(names),
+        kept,
+    )
     if not names:
         log.warning("float8: no Linear layer is large enough to gain from float8; the run is bf16")
     return names

@@ -10,8 +10,8 @@ is a pure function of the step, which is what makes resume exact.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -57,7 +57,7 @@ class StepSampler(Sampler[int]):
                 start = step * lay.rank_batch
             else:
                 start = step * lay.global_batch + lay.rank * lay.rank_batch
-            yield from order[start:start + lay.rank_batch].tolist()
+            yield from order[start : start + lay.rank_batch].tolist()
 
     def __len__(self) -> int:
         steps = self.layout.steps_per_epoch(self.dataset_len) - self.first_step
@@ -67,15 +67,17 @@ class StepSampler(Sampler[int]):
 class TrainBatches:
     """Iterates micro-batches step after step, across epochs, from any starting step."""
 
-    def __init__(self, dataset: Dataset, layout: Layout, seed: int, loader_workers: int,
-                 pin_memory: bool = False):
+    def __init__(
+        self, dataset: Dataset, layout: Layout, seed: int, loader_workers: int, pin_memory: bool = False
+    ):
         self.dataset, self.layout, self.seed = dataset, layout, seed
         self.loader_workers, self.pin_memory = loader_workers, pin_memory
         self.steps_per_epoch = layout.steps_per_epoch(len(dataset))
         if self.steps_per_epoch < 1:
             raise ValueError(
                 f"the training set has {len(dataset)} samples, fewer than one global batch of "
-                f"{layout.global_batch}; lower data.batch_size")
+                f"{layout.global_batch}; lower data.batch_size"
+            )
 
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, step within epoch) of a global step."""
@@ -87,11 +89,16 @@ class TrainBatches:
         while True:
             sampler = StepSampler(len(self.dataset), self.layout, self.seed, epoch, offset)
             loader = DataLoader(
-                self.dataset, batch_size=self.layout.micro_batch, sampler=sampler,
-                num_workers=self.loader_workers, pin_memory=self.pin_memory, drop_last=False,
+                self.dataset,
+                batch_size=self.layout.micro_batch,
+                sampler=sampler,
+                num_workers=self.loader_workers,
+                pin_memory=self.pin_memory,
+                drop_last=False,
                 # seeds workers' RNGs (augmentation) from the epoch, so resume repeats them
                 generator=torch.Generator().manual_seed(self.seed + epoch),
-                persistent_workers=False)
+                persistent_workers=False,
+            )
             micro = []
             for batch in loader:
                 micro.append(batch)
@@ -101,8 +108,14 @@ class TrainBatches:
             epoch, offset = epoch + 1, 0
 
 
-def eval_batches(dataset: Dataset, rank: int, world_size: int, batch_size: int,
-                 loader_workers: int = 0, sharded: bool = False) -> DataLoader:
+def eval_batches(
+    dataset: Dataset,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    loader_workers: int = 0,
+    sharded: bool = False,
+) -> DataLoader:
     """Each rank evaluates a strided share of the eval set; results are summed across ranks."""
     indices = range(len(dataset)) if sharded else range(rank, len(dataset), world_size)
     subset = torch.utils.data.Subset(dataset, list(indices))

@@ -14,14 +14,12 @@ def build_optimizer(model: nn.Module, spec: OptimizerSpec) -> torch.optim.Optimi
     # no weight decay on biases and norm weights (1-D tensors), as is standard for transformers
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": spec.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if spec.name == "adamw":
         # one fused kernel per step on CUDA (the for-each version launches several per
         # parameter group); sharded (DTensor) parameters keep the for-each version
         fused = all(p.is_cuda and type(p) in (torch.Tensor, nn.Parameter) for p in decay + no_decay)
-        return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps,
-                                 fused=fused or None)
+        return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, fused=fused or None)
     return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, nesterov=spec.momentum > 0)
 
 

@@ -20,7 +20,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from orchestrator.spec import JobSpec
-from workers import activation_checkpoint, compile as compile_, float8
+from workers import activation_checkpoint, float8
+from workers import compile as compile_
 from workers.precision import mixed_precision_policy
 
 log = logging.getLogger("workers")
@@ -77,12 +78,19 @@ def parallelize(model: nn.Module, spec: JobSpec, mesh=None) -> nn.Module:
         float8.convert(model, spec.precision.fp8_recipe, device)
     wrapped = activation_checkpoint.apply(model, spec.parallel)
     if wrapped:
-        log.info("activation checkpointing (%s): %d of %d blocks", spec.parallel.activation_checkpointing,
-                 wrapped, len(model.blocks))
+        log.info(
+            "activation checkpointing (%s): %d of %d blocks",
+            spec.parallel.activation_checkpointing,
+            wrapped,
+            len(model.blocks),
+        )
     compiled = compile_.apply(model, spec)
     if compiled:
-        log.info("torch.compile (%s backend) per %s", compile_.backend(),
-                 "block" if compiled == "blocks" else "whole model")
+        log.info(
+            "torch.compile (%s backend) per %s",
+            compile_.backend(),
+            "block" if compiled == "blocks" else "whole model",
+        )
     if spec.parallel.strategy == "fsdp2":
         return apply_fsdp(model, spec, mesh if mesh is not None else default_mesh(device))
     if spec.parallel.strategy == "ddp" and dist.is_initialized():

@@ -4,7 +4,7 @@
 |-------|------------------------------|----------------------------------------|---------------------|
 | fp32  | fp32                         | -                                      | -                   |
 | bf16  | bf16 matmuls, fp32 params    | autocast; under FSDP2 the policy casts | -                   |
-| fp16  | fp16 matmuls, fp32 params    | as bf16                                | GradScaler (FSDP2: sharded) |
+| fp16  | fp16 matmuls, fp32 params    | as bf16                                | GradScaler (FSDP2: sharded)|
 | fp8   | float8 Linears in the blocks, bf16 elsewhere (see workers/float8.py)   | -                   |
 
 Under FSDP2 there is no autocast (as in torchtitan): `fully_shard` all-gathers parameters
@@ -14,7 +14,6 @@ already cast to `param_dtype` and reduce-scatters gradients in fp32.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
 
 import torch
 
@@ -38,9 +37,11 @@ def device_problems(spec: PrecisionSpec, device: torch.device) -> list[str]:
     capability = torch.cuda.get_device_capability(device)
     if tuple(capability) < FP8_MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
-        return [f"precision.dtype: fp8 needs a GPU with compute capability 8.9 or newer "
-                f"(Ada, Hopper, Blackwell); this worker's {name} has "
-                f"{capability[0]}.{capability[1]}: use bf16"]
+        return [
+            f"precision.dtype: fp8 needs a GPU with compute capability 8.9 or newer "
+            f"(Ada, Hopper, Blackwell); this worker's {name} has "
+            f"{capability[0]}.{capability[1]}: use bf16"
+        ]
     return []
 
 
@@ -59,7 +60,7 @@ class Precision:
         self.spec, self.device = spec, device
         self.sharded = strategy == "fsdp2"
         # FSDP2's MixedPrecisionPolicy does the casting there; autocast would only add copies
-        self.autocast_dtype: Optional[torch.dtype] = None if self.sharded else LOW_PRECISION[spec.dtype]
+        self.autocast_dtype: torch.dtype | None = None if self.sharded else LOW_PRECISION[spec.dtype]
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none
         enabled = spec.dtype == "fp16"
         if self.sharded:

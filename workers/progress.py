@@ -14,16 +14,22 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressReporter:
-    def __init__(self, job: str, total_steps: int, start_step: int, enabled: bool,
-                 interactive: bool | None = None):
+    def __init__(
+        self, job: str, total_steps: int, start_step: int, enabled: bool, interactive: bool | None = None
+    ):
         self.job, self.total, self.enabled = job, total_steps, enabled
         self.interactive = sys.stdout.isatty() if interactive is None else interactive
         self.start_step, self.start_time = start_step, time.perf_counter()
         self._bar = None
         if enabled and self.interactive:
             self._bar = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
             self._task = self._bar.add_task(job, total=total_steps, completed=start_step, info="")
             self._bar.start()
 

@@ -27,13 +27,15 @@ def write_summary(summary: dict, path: str | None) -> None:
 def print_summary(summary: dict) -> None:
     evals = "  ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in (summary.get("eval") or {}).items())
     loss = summary.get("final_train_loss")
-    print(f"[{summary['job']}] {summary['status']}: {summary['steps']} steps"
-          + (f", train loss {loss:.4f}" if loss is not None else "")
-          + (f", eval {evals}" if evals else "")
-          + f", {summary['samples_per_s']:,.0f} samples/s"
-          + (f"\n[{summary['job']}] checkpoint: {summary['checkpoint']}" if summary.get("checkpoint") else "")
-          + (f"\n[{summary['job']}] reason: {summary['reason']}" if summary.get("reason") else ""),
-          flush=True)
+    print(
+        f"[{summary['job']}] {summary['status']}: {summary['steps']} steps"
+        + (f", train loss {loss:.4f}" if loss is not None else "")
+        + (f", eval {evals}" if evals else "")
+        + f", {summary['samples_per_s']:,.0f} samples/s"
+        + (f"\n[{summary['job']}] checkpoint: {summary['checkpoint']}" if summary.get("checkpoint") else "")
+        + (f"\n[{summary['job']}] reason: {summary['reason']}" if summary.get("reason") else ""),
+        flush=True,
+    )
 
 
 def run_local(spec: JobSpec, summary_path: str | None = None) -> int:
@@ -44,8 +46,14 @@ def run_local(spec: JobSpec, summary_path: str | None = None) -> int:
     except (OSError, ValueError, RuntimeError) as err:
         # data, storage and checkpoint problems: one line, no traceback, nothing lost
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        summary = {"job": spec.name, "status": "failed", "reason": reason, "steps": None,
-                   "checkpoint": None, "samples_per_s": 0.0}
+        summary = {
+            "job": spec.name,
+            "status": "failed",
+            "reason": reason,
+            "steps": None,
+            "checkpoint": None,
+            "samples_per_s": 0.0,
+        }
         if ctx.is_main:
             print(f"error: {spec.name}: {reason}", file=sys.stderr, flush=True)
     finally:

@@ -46,15 +46,13 @@ def exists(uri: str) -> bool:
 def upload(local_dir: str | Path, uri: str) -> None:
     fs, path = resolve(uri)
     fs.create_dir(path, recursive=True)
-    pafs.copy_files(str(local_dir), path, source_filesystem=pafs.LocalFileSystem(),
-                    destination_filesystem=fs)
+    pafs.copy_files(str(local_dir), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
 
 
 def download(uri: str, local_dir: str | Path) -> None:
     fs, path = resolve(uri)
     Path(local_dir).mkdir(parents=True, exist_ok=True)
-    pafs.copy_files(path, str(local_dir), source_filesystem=fs,
-                    destination_filesystem=pafs.LocalFileSystem())
+    pafs.copy_files(path, str(local_dir), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
 
 
 def delete_dir(uri: str) -> None:

@@ -21,14 +21,14 @@ import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 # dense peaks in TFLOP/s: (bf16/fp16, fp8); most specific name first
-PEAK_TFLOPS: list[tuple[str, tuple[float, Optional[float]]]] = [
+PEAK_TFLOPS: list[tuple[str, tuple[float, float | None]]] = [
     ("B200", (2250.0, 4500.0)),
     ("H200", (989.0, 1979.0)),
     ("H100 NVL", (835.0, 1671.0)),
@@ -39,7 +39,7 @@ PEAK_TFLOPS: list[tuple[str, tuple[float, Optional[float]]]] = [
 ]
 
 
-def peak_tflops(device_name: str) -> Optional[tuple[float, Optional[float]]]:
+def peak_tflops(device_name: str) -> tuple[float, float | None] | None:
     for key, peaks in PEAK_TFLOPS:
         if key.lower() in device_name.lower():
             return peaks
@@ -52,7 +52,7 @@ def device_name(device: torch.device) -> str:
     return device.type
 
 
-def mfu(achieved_flops_per_s: float, device_name_: str, dtype: str) -> tuple[Optional[float], str]:
+def mfu(achieved_flops_per_s: float, device_name_: str, dtype: str) -> tuple[float | None, str]:
     """(MFU as a fraction, or None; a note saying against what, or why not)."""
     if dtype == "fp8":
         return None, "no MFU for fp8: part of the model runs in bf16, so no single peak applies"
@@ -111,12 +111,12 @@ class Meter:
     samples_per_step: int  # global batch
     tokens_per_sample: int  # sequence length for language models, else 1
     world_size: int
-    flops_per_sample: Optional[int] = None
+    flops_per_sample: int | None = None
     dtype: str = "fp32"
     compiled: bool = False
-    first_step_s: Optional[float] = None
+    first_step_s: float | None = None
     _start: float = field(default_factory=time.perf_counter)
-    _steady_from: Optional[float] = None
+    _steady_from: float | None = None
     _steady_steps: int = 0
     _paused_s: float = 0.0
 
@@ -163,8 +163,11 @@ class Meter:
             achieved = per_worker * self.flops_per_sample
             out["tflops_per_worker"] = achieved / 1e12
             name = device_name(self.device)
-            value, note = mfu(achieved, name, self.dtype) if self.device.type == "cuda" else (
-                None, "no MFU on a CPU: achieved FLOP/s only")
+            value, note = (
+                mfu(achieved, name, self.dtype)
+                if self.device.type == "cuda"
+                else (None, "no MFU on a CPU: achieved FLOP/s only")
+            )
             out["mfu"], out["mfu_note"] = value, note
         return out
 
@@ -180,9 +183,15 @@ class Meter:
         samples_per_s = steps * self.samples_per_step / seconds if steps and seconds else 0.0
         step_s = seconds / steps if steps else None
         out = {
-            "device": device_name(self.device), "world_size": self.world_size, "dtype": self.dtype,
-            "steady_steps": steps, "step_time_s": step_s, "first_step_s": self.first_step_s,
-            "flops_per_step": self.flops_per_sample * self.samples_per_step if self.flops_per_sample else None,
+            "device": device_name(self.device),
+            "world_size": self.world_size,
+            "dtype": self.dtype,
+            "steady_steps": steps,
+            "step_time_s": step_s,
+            "first_step_s": self.first_step_s,
+            "flops_per_step": self.flops_per_sample * self.samples_per_step
+            if self.flops_per_sample
+            else None,
             **self.rates(samples_per_s),
         }
         if self.compiled and step_s is not None and self.first_step_s is not None:

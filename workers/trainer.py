@@ -13,8 +13,8 @@ import math
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,8 @@ from torch import nn
 
 import kernels
 from orchestrator.spec import JobSpec
-from workers import checkpoint, compile as compile_, data, models, storage, throughput
+from workers import checkpoint, data, models, storage, throughput
+from workers import compile as compile_
 from workers.context import RunContext
 from workers.loader import Layout, TrainBatches, eval_batches
 from workers.optim import build_optimizer, build_scheduler
@@ -41,9 +42,15 @@ def padded_logits(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     `classes`, keeps the slice out of the autograd graph: its backward would zero-fill a
     buffer-sized gradient and copy into it (~2.5 ms a step for GPT-2 small on an H100)."""
     base = logits._base
-    if (base is not None and base.dim() == logits.dim() and base.shape[:-1] == logits.shape[:-1]
-            and base.shape[-1] > logits.shape[-1] and base.stride() == logits.stride()
-            and base.storage_offset() == logits.storage_offset() and base.dtype == logits.dtype):
+    if (
+        base is not None
+        and base.dim() == logits.dim()
+        and base.shape[:-1] == logits.shape[:-1]
+        and base.shape[-1] > logits.shape[-1]
+        and base.stride() == logits.stride()
+        and base.storage_offset() == logits.storage_offset()
+        and base.dtype == logits.dtype
+    ):
         return base, logits.shape[-1]
     return logits, logits.shape[-1]
 
@@ -82,19 +89,34 @@ class Trainer:
         self.model = parallelize(model, spec, mesh=None)
         torch.manual_seed(seed + 1 + ctx.rank)  # independent dropout streams per rank
 
-        self.layout = Layout(spec.data.batch_size, ctx.world_size, ctx.rank, spec.train.grad_accum,
-                             sharded=self.datasets.sharded)
-        self.batches = TrainBatches(self.datasets.train, self.layout, seed, spec.data.loader_workers,
-                                    pin_memory=self.device.type == "cuda")
+        self.layout = Layout(
+            spec.data.batch_size,
+            ctx.world_size,
+            ctx.rank,
+            spec.train.grad_accum,
+            sharded=self.datasets.sharded,
+        )
+        self.batches = TrainBatches(
+            self.datasets.train,
+            self.layout,
+            seed,
+            spec.data.loader_workers,
+            pin_memory=self.device.type == "cuda",
+        )
         self.total_steps = spec.train.steps or spec.train.epochs * self.batches.steps_per_epoch
         self.optimizer = build_optimizer(self.model, spec.optimizer)
         self.builtin_loss = compile_.builtin_loss(spec)
         self.scheduler = build_scheduler(self.optimizer, spec.scheduler, self.total_steps)
         self.precision = Precision(spec.precision, self.device, strategy=spec.parallel.strategy)
         self.meter = throughput.Meter(
-            self.device, spec.data.batch_size, self.info.seq_len if self.is_lm else 1,
-            ctx.world_size, self._flops_per_sample(), spec.precision.dtype,
-            compiled=spec.precision.compile)
+            self.device,
+            spec.data.batch_size,
+            self.info.seq_len if self.is_lm else 1,
+            ctx.world_size,
+            self._flops_per_sample(),
+            spec.precision.dtype,
+            compiled=spec.precision.compile,
+        )
         self.pending_save: checkpoint.PendingSave | None = None
         self.checkpoint_blocked_s, self.checkpoint_saves = 0.0, 0
         self.state = TrainState()
@@ -106,12 +128,12 @@ class Trainer:
         """Mean cross-entropy in fp32, from logits of any precision (never copied to fp32 first)."""
         logits, classes = padded_logits(logits)
         logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
-        impl = kernels.resolve("cross_entropy", self.spec.kernels.cross_entropy, logits,
-                               vocab=classes)
+        impl = kernels.resolve("cross_entropy", self.spec.kernels.cross_entropy, logits, vocab=classes)
         if impl == "triton":
             # the logits are dead after the loss: their memory takes the gradient
-            return kernels.cross_entropy(logits, target, label_smoothing, impl="triton",
-                                         inplace_backward=True, classes=classes)
+            return kernels.cross_entropy(
+                logits, target, label_smoothing, impl="triton", inplace_backward=True, classes=classes
+            )
         return self.builtin_loss(logits, target, label_smoothing, classes=classes)
 
     @torch.no_grad()
@@ -120,8 +142,14 @@ class Trainer:
             return {}
         self.model.eval()
         batch_size = self.spec.data.eval_batch_size or self.layout.micro_batch
-        loader = eval_batches(self.datasets.eval, self.ctx.rank, self.ctx.world_size, batch_size,
-                              self.spec.data.loader_workers, sharded=self.datasets.sharded)
+        loader = eval_batches(
+            self.datasets.eval,
+            self.ctx.rank,
+            self.ctx.world_size,
+            batch_size,
+            self.spec.data.loader_workers,
+            sharded=self.datasets.sharded,
+        )
         loss_sum = correct = count = 0.0
         for i, (x, y) in enumerate(loader):
             if self.spec.train.eval_batches and i >= self.spec.train.eval_batches:
@@ -159,8 +187,11 @@ class Trainer:
 
     def _save(self) -> None:
         trainer_state = {
-            "step": self.state.step, "seed": self.spec.train.seed, "world_size": self.ctx.world_size,
-            "scheduler": self.scheduler.state_dict(), "scaler": self.precision.scaler.state_dict(),
+            "step": self.state.step,
+            "seed": self.spec.train.seed,
+            "world_size": self.ctx.world_size,
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.precision.scaler.state_dict(),
             "best_eval_loss": self.state.best_eval_loss,
             "evals_without_improvement": self.state.evals_without_improvement,
             "epoch_position": list(self.batches.position(self.state.step)),
@@ -170,13 +201,21 @@ class Trainer:
         if self.spec.checkpoint.async_save:
             self._publish()  # the previous one (long finished, normally)
             self.pending_save = checkpoint.save_async(
-                self._staging_dir(self.state.step), self.state.step, self.model, self.optimizer,
-                trainer_state, self.state.history, self.ctx.rank, last)
+                self._staging_dir(self.state.step),
+                self.state.step,
+                self.model,
+                self.optimizer,
+                trainer_state,
+                self.state.history,
+                self.ctx.rank,
+                last,
+            )
             return
 
         def write(directory: str) -> None:
-            checkpoint.save(directory, self.model, self.optimizer, trainer_state, self.state.history,
-                            self.ctx.rank)
+            checkpoint.save(
+                directory, self.model, self.optimizer, trainer_state, self.state.history, self.ctx.rank
+            )
 
         self.last_checkpoint = self.ctx.save_checkpoint(self.state.step, write, last)
 
@@ -210,14 +249,17 @@ class Trainer:
         if directory is None:
             self.ctx.restore_metrics([])
             return
-        trainer_state, history = checkpoint.load(directory, self.model, self.optimizer,
-                                                 self.ctx.rank, self.ctx.world_size)
+        trainer_state, history = checkpoint.load(
+            directory, self.model, self.optimizer, self.ctx.rank, self.ctx.world_size
+        )
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         self.precision.scaler.load_state_dict(trainer_state["scaler"])
-        self.state = TrainState(step=trainer_state["step"],
-                                best_eval_loss=trainer_state["best_eval_loss"],
-                                evals_without_improvement=trainer_state["evals_without_improvement"],
-                                history=history)
+        self.state = TrainState(
+            step=trainer_state["step"],
+            best_eval_loss=trainer_state["best_eval_loss"],
+            evals_without_improvement=trainer_state["evals_without_improvement"],
+            history=history,
+        )
         self.ctx.restore_metrics(history)
         if self.ctx.is_main:
             log.info("resumed from %s at step %d", directory, self.state.step)
@@ -251,8 +293,9 @@ class Trainer:
         spec, ctx, state = self.spec, self.ctx, self.state
         self.resume()
         state = self.state
-        progress = ProgressReporter(spec.name, self.total_steps, state.step,
-                                    enabled=ctx.is_main and ctx.shows_progress)
+        progress = ProgressReporter(
+            spec.name, self.total_steps, state.step, enabled=ctx.is_main and ctx.shows_progress
+        )
         if state.step and ctx.is_main:
             progress.message(f"resuming at step {state.step}")
         status, reason = "succeeded", None
@@ -272,24 +315,35 @@ class Trainer:
                 meter.step_done()
                 logging_now = state.step % spec.metrics.log_every == 0 or state.step == self.total_steps
                 checkpoint_now = bool(spec.checkpoint.every_steps) and (
-                    state.step % spec.checkpoint.every_steps == 0)
+                    state.step % spec.checkpoint.every_steps == 0
+                )
                 if logging_now or checkpoint_now:
                     loss_sum, bad = _all_reduce_sum([loss.item(), float(nonfinite.item())], self.device)
                     if bad:
                         raise TrainingError(f"loss is not finite at or before step {state.step}")
                     now = time.perf_counter()
-                    rate = (state.step - last_log_step) * spec.data.batch_size / max(now - last_log_time, 1e-9)
+                    rate = (
+                        (state.step - last_log_step) * spec.data.batch_size / max(now - last_log_time, 1e-9)
+                    )
                     last_log_time, last_log_step = now, state.step
-                    record = {"step": state.step, "loss": loss_sum / ctx.world_size,
-                              "lr": self.scheduler.get_last_lr()[0], "samples_per_s": rate,
-                              **meter.log_fields(rate), "time": time.time()}
+                    record = {
+                        "step": state.step,
+                        "loss": loss_sum / ctx.world_size,
+                        "lr": self.scheduler.get_last_lr()[0],
+                        "samples_per_s": rate,
+                        **meter.log_fields(rate),
+                        "time": time.time(),
+                    }
                     if logging_now:
                         state.history.append(record)
                         if ctx.is_main:
                             ctx.log_metrics(record)
                         progress.update(state.step, record["loss"], rate, record["lr"])
-                if spec.train.eval_every and state.step % spec.train.eval_every == 0 \
-                        and state.step < self.total_steps:
+                if (
+                    spec.train.eval_every
+                    and state.step % spec.train.eval_every == 0
+                    and state.step < self.total_steps
+                ):
                     with meter.pause():
                         stop = self.evaluate_and_check(progress)
                     if stop:
@@ -317,15 +371,25 @@ class Trainer:
         samples_per_s = rates["samples_per_s"] or rate
         train_losses = [r["loss"] for r in state.history if "loss" in r]
         summary = {
-            "job": spec.name, "run": getattr(ctx, "name", spec.name), "status": status,
-            "reason": reason, "steps": state.step, "total_steps": self.total_steps,
+            "job": spec.name,
+            "run": getattr(ctx, "name", spec.name),
+            "status": status,
+            "reason": reason,
+            "steps": state.step,
+            "total_steps": self.total_steps,
             "final_train_loss": train_losses[-1] if train_losses else None,
-            "eval": eval_metrics, "samples_per_s": samples_per_s,
+            "eval": eval_metrics,
+            "samples_per_s": samples_per_s,
             "tokens_per_s": samples_per_s * self.info.seq_len if self.is_lm else None,
-            "samples_per_step": samples_per_step, "world_size": ctx.world_size,
-            "checkpoint": self.last_checkpoint, "restarts": ctx.restarts, "elapsed_s": elapsed,
-            "throughput": rates, "compile_s": rates.get("compile_s"),
-            "checkpoint_blocked_s": self.checkpoint_blocked_s, "checkpoint_saves": self.checkpoint_saves,
+            "samples_per_step": samples_per_step,
+            "world_size": ctx.world_size,
+            "checkpoint": self.last_checkpoint,
+            "restarts": ctx.restarts,
+            "elapsed_s": elapsed,
+            "throughput": rates,
+            "compile_s": rates.get("compile_s"),
+            "checkpoint_blocked_s": self.checkpoint_blocked_s,
+            "checkpoint_saves": self.checkpoint_saves,
         }
         return summary
 
@@ -350,8 +414,11 @@ class Trainer:
         self.state.history.append(record)
         if self.ctx.is_main:
             self.ctx.log_metrics(record)
-        progress.message("eval at step {}: {}".format(
-            self.state.step, "  ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in metrics.items())))
+        progress.message(
+            "eval at step {}: {}".format(
+                self.state.step, "  ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in metrics.items())
+            )
+        )
 
 
 def train(spec: JobSpec, ctx: RunContext) -> dict:

@@ -18,10 +18,17 @@ FORMATS = (".safetensors", ".pt")
 
 def register(sub) -> None:
     parser = sub.add_parser("export", help="write a checkpoint's model weights as one unsharded file")
-    parser.add_argument("checkpoint", metavar="CHECKPOINT",
-                        help="a checkpoint directory: local path or storage URI (s3://, gs://, ...)")
-    parser.add_argument("--out", required=True, metavar="FILE",
-                        help="output file: .safetensors (safe to load anywhere) or .pt (torch.save)")
+    parser.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT",
+        help="a checkpoint directory: local path or storage URI (s3://, gs://, ...)",
+    )
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="output file: .safetensors (safe to load anywhere) or .pt (torch.save)",
+    )
     parser.set_defaults(handler=handle)
 
 
@@ -52,8 +59,9 @@ def export(directory: Path, out: Path) -> tuple[int, int, dict]:
         from safetensors.torch import save_file
 
         # separate, contiguous tensors: safetensors refuses views of a shared storage
-        save_file({k: v.contiguous() for k, v in state.items()}, str(out),
-                  metadata={"format": "pt", **metadata})
+        save_file(
+            {k: v.contiguous() for k, v in state.items()}, str(out), metadata={"format": "pt", **metadata}
+        )
     else:
         torch.save(state, out)
     return len(state), sum(v.numel() for v in state.values()), metadata

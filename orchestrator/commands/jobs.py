@@ -29,8 +29,12 @@ def register(sub) -> None:
 
     logs = sub.add_parser("logs", help="print a job's logs")
     logs.add_argument("job_id", metavar="ID")
-    logs.add_argument("--follow", "-f", action="store_true",
-                      help="keep streaming until the job ends, then exit with its status")
+    logs.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep streaming until the job ends, then exit with its status",
+    )
     add_address_argument(logs)
     logs.set_defaults(handler=handle_logs)
 
@@ -41,13 +45,17 @@ def register(sub) -> None:
 
 
 def add_address_argument(parser) -> None:
-    parser.add_argument("--address", metavar="URL",
-                        help="Ray dashboard (http://HEAD:8265) or cluster address"
-                             " (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS, else this machine's)")
+    parser.add_argument(
+        "--address",
+        metavar="URL",
+        help="Ray dashboard (http://HEAD:8265) or cluster address"
+        " (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS, else this machine's)",
+    )
 
 
 def with_cluster_errors(handler):
     """Cluster and Jobs API failures become one line and exit status 1."""
+
     @functools.wraps(handler)
     def wrapped(args) -> int:
         from orchestrator.cluster import ClusterError
@@ -57,6 +65,7 @@ def with_cluster_errors(handler):
         except ClusterError as err:
             print(f"error: {err}", file=sys.stderr)
             return 1
+
     return wrapped
 
 
@@ -70,7 +79,7 @@ def _call(args, method: str, *params):
     except Exception as err:
         job_id = getattr(args, "job_id", None)
         if job_id and "does not exist" in str(err):
-            raise UsageError(f"no job '{job_id}' on this cluster; `orchestrator list` shows them")
+            raise UsageError(f"no job '{job_id}' on this cluster; `orchestrator list` shows them") from None
         raise translate(err, args.address or "the Ray cluster") from None
 
 
@@ -117,8 +126,9 @@ def handle_status(args) -> int:
     print(f"{job.submission_id}: {status}")
     print(f"  job:        {_job_name(job)}")
     print(f"  entrypoint: {job.entrypoint}")
-    print(f"  started:    {_time(job.start_time)}   ended: {_time(job.end_time)}"
-          f"   duration: {_duration(job)}")
+    print(
+        f"  started:    {_time(job.start_time)}   ended: {_time(job.end_time)}   duration: {_duration(job)}"
+    )
     if job.message:
         print(f"  message:    {job.message.strip().splitlines()[-1]}")
     return 0
@@ -144,8 +154,14 @@ def handle_list(args) -> int:
     for job in sorted(jobs, key=lambda j: j.start_time or 0):
         status = str(getattr(job.status, "value", job.status))
         message = (job.message or "").strip().splitlines()
-        table.add_row(_id(job), f"[{colors.get(status, 'white')}]{status}[/]", _job_name(job),
-                      _time(job.start_time), _duration(job), message[-1] if message else "")
+        table.add_row(
+            _id(job),
+            f"[{colors.get(status, 'white')}]{status}[/]",
+            _job_name(job),
+            _time(job.start_time),
+            _duration(job),
+            message[-1] if message else "",
+        )
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table)
     return 0
@@ -163,6 +179,7 @@ def handle_logs(args) -> int:
 
 def follow(client, job_id: str) -> int:
     """Stream a job's logs until it ends; exit 0 if it succeeded, 1 otherwise."""
+
     async def stream():
         async for lines in client.tail_job_logs(job_id):
             sys.stdout.write(lines)
@@ -184,8 +201,7 @@ def follow(client, job_id: str) -> int:
         print(f"job {job_id} succeeded", file=sys.stderr)
         return 0
     message = (job.message or "").strip().splitlines()
-    print(f"error: job {job_id} {status.lower()}" + (f": {message[-1]}" if message else ""),
-          file=sys.stderr)
+    print(f"error: job {job_id} {status.lower()}" + (f": {message[-1]}" if message else ""), file=sys.stderr)
     return 1
 
 

@@ -10,8 +10,9 @@ def register(sub) -> None:
 
     parser = sub.add_parser("run", help="train a job (on Ray, or in this process with --local)")
     add_spec_arguments(parser)
-    parser.add_argument("--local", action="store_true",
-                        help="train in this process, without Ray (one worker)")
+    parser.add_argument(
+        "--local", action="store_true", help="train in this process, without Ray (one worker)"
+    )
     parser.add_argument("--summary", metavar="PATH", help="write a JSON summary here at the end")
     parser.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start one)")
     parser.set_defaults(handler=handle)

@@ -25,15 +25,19 @@ def register(sub) -> None:
     parser = sub.add_parser("submit", help="submit a job to a Ray cluster (Ray Jobs API)")
     add_spec_arguments(parser)
     add_address_argument(parser)
-    parser.add_argument("--wait", action="store_true",
-                        help="stream the job's logs and exit with its status")
-    parser.add_argument("--id", dest="submission_id", metavar="ID",
-                        help="submission id (default: <job name>-<time>-<random>)")
-    parser.add_argument("--working-dir", metavar="DIR",
-                        help="directory shipped to the cluster (default: the project root)")
-    parser.add_argument("--no-validate", action="store_true",
-                        help="skip checking the spec here (e.g. its data exists only on the cluster);"
-                             " the job still checks it before training")
+    parser.add_argument("--wait", action="store_true", help="stream the job's logs and exit with its status")
+    parser.add_argument(
+        "--id", dest="submission_id", metavar="ID", help="submission id (default: <job name>-<time>-<random>)"
+    )
+    parser.add_argument(
+        "--working-dir", metavar="DIR", help="directory shipped to the cluster (default: the project root)"
+    )
+    parser.add_argument(
+        "--no-validate",
+        action="store_true",
+        help="skip checking the spec here (e.g. its data exists only on the cluster);"
+        " the job still checks it before training",
+    )
     parser.set_defaults(handler=handle)
 
 
@@ -47,8 +51,10 @@ def entrypoint(spec_path: str, overrides: list[str], working_dir: Path) -> str:
     try:
         relative = path.relative_to(working_dir.resolve())
     except ValueError:
-        raise UsageError(f"{spec_path}: the spec must be inside the directory shipped to the"
-                         f" cluster ({working_dir}); move it there or pass --working-dir") from None
+        raise UsageError(
+            f"{spec_path}: the spec must be inside the directory shipped to the"
+            f" cluster ({working_dir}); move it there or pass --working-dir"
+        ) from None
     args = ["orchestrator", "run", relative.as_posix()]
     for override in overrides:
         args += ["--set", override]
@@ -74,17 +80,21 @@ def handle(args) -> int:
         raise UsageError(f"--working-dir {working_dir}: not a directory")
     command = entrypoint(args.spec, args.overrides, working_dir)
     if "://" not in storage and not os.path.isabs(storage):
-        print(f"warning: checkpoint.storage '{storage}' is relative: on the cluster it lands in"
-              " the job's temporary working directory; use shared storage (an absolute NFS path"
-              " or an s3://, gs://, hdfs:// URI) to keep checkpoints", file=sys.stderr)
-    submission_id = args.submission_id or \
-        f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        print(
+            f"warning: checkpoint.storage '{storage}' is relative: on the cluster it lands in"
+            " the job's temporary working directory; use shared storage (an absolute NFS path"
+            " or an s3://, gs://, hdfs:// URI) to keep checkpoints",
+            file=sys.stderr,
+        )
+    submission_id = args.submission_id or f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     client = jobs_client(args.address)
     try:
         job_id = client.submit_job(
-            entrypoint=command, submission_id=submission_id,
+            entrypoint=command,
+            submission_id=submission_id,
             runtime_env={"working_dir": str(working_dir)},
-            metadata={"orchestrator_job": name, "spec": args.spec})
+            metadata={"orchestrator_job": name, "spec": args.spec},
+        )
     except Exception as err:
         raise translate(err, args.address or "the Ray cluster") from None
     print(job_id, flush=True)

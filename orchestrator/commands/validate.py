@@ -25,6 +25,8 @@ def handle(args) -> int:
                 print(f"error: {line}", file=sys.stderr)
             status = 2
             continue
-        print(f"{path}: ok ({spec.name}: {spec.model.family}/{spec.model.preset} on "
-              f"{spec.data.source}, {spec.resources.num_workers} worker(s), {spec.parallel.strategy})")
+        print(
+            f"{path}: ok ({spec.name}: {spec.model.family}/{spec.model.preset} on "
+            f"{spec.data.source}, {spec.resources.num_workers} worker(s), {spec.parallel.strategy})"
+        )
     return status

@@ -10,6 +10,7 @@ vocab 50257) and awkward ones (tails, odd head dims, a single row, S_q != S_k).
     python -m pytest -m gpu tests/gpu          # on a machine with a CUDA GPU
 KERNELS_AUTOTUNE=0 runs each kernel's default config (one compile per shape class).
 """
+
 import sys
 
 import pytest
@@ -18,8 +19,7 @@ import torch.nn.functional as F
 
 import kernels
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # error floor, relative to the reference's largest magnitude
@@ -52,11 +52,19 @@ def check(triton_fn, torch_fn, inputs, dtype):
     """Triton vs the float64 reference, within 2x the built-in op's error in `dtype`."""
     low = [leaf(t, t.requires_grad) if isinstance(t, torch.Tensor) else t for t in inputs]
     got, grad_out = run(triton_fn, low)
-    builtin, _ = run(torch_fn, [leaf(t, t.requires_grad) if isinstance(t, torch.Tensor) else t
-                                for t in inputs], grad_out)
-    ref, _ = run(torch_fn, [leaf(t.double() if t.is_floating_point() else t, t.requires_grad)
-                            if isinstance(t, torch.Tensor) else t for t in inputs],
-                 grad_out.double())
+    builtin, _ = run(
+        torch_fn, [leaf(t, t.requires_grad) if isinstance(t, torch.Tensor) else t for t in inputs], grad_out
+    )
+    ref, _ = run(
+        torch_fn,
+        [
+            leaf(t.double() if t.is_floating_point() else t, t.requires_grad)
+            if isinstance(t, torch.Tensor)
+            else t
+            for t in inputs
+        ],
+        grad_out.double(),
+    )
     names = ["output"] + [f"grad {i}" for i in range(len(ref) - 1)]
     for name, g, b, r in zip(names, got, builtin, ref):
         assert g.shape == r.shape and g.dtype == b.dtype, (name, g.shape, g.dtype, b.dtype)
@@ -64,8 +72,9 @@ def check(triton_fn, torch_fn, inputs, dtype):
         scale = r.abs().max().item() or 1.0
         err = (g.double() - r).abs().max().item()
         builtin_err = (b.double() - r).abs().max().item()
-        assert err <= 2 * builtin_err + FLOOR[dtype] * scale, \
+        assert err <= 2 * builtin_err + FLOOR[dtype] * scale, (
             f"{name}: triton error {err:.3g}, built-in {builtin_err:.3g}, scale {scale:.3g}"
+        )
     return got
 
 
@@ -75,15 +84,21 @@ def randn(*shape, dtype, scale=1.0, grad=True):
 
 # --- LayerNorm ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("rows,dim", [(64 * 197, 768), (8 * 1024, 768), (37, 1000), (3, 4096),
-                                      (1, 8192), (129, 20), (2, 1)])
+@pytest.mark.parametrize(
+    "rows,dim", [(64 * 197, 768), (8 * 1024, 768), (37, 1000), (3, 4096), (1, 8192), (129, 20), (2, 1)]
+)
 def test_layer_norm(rows, dim, dtype):
     torch.manual_seed(rows + dim)
     x = randn(rows, dim, dtype=dtype, scale=3.0)
     w, b = randn(dim, dtype=dtype), randn(dim, dtype=dtype)
-    check(lambda x, w, b: kernels.layer_norm(x, w, b, 1e-5, impl="triton"),
-          lambda x, w, b: F.layer_norm(x, (dim,), w, b, 1e-5), (x, w, b), dtype)
+    check(
+        lambda x, w, b: kernels.layer_norm(x, w, b, 1e-5, impl="triton"),
+        lambda x, w, b: F.layer_norm(x, (dim,), w, b, 1e-5),
+        (x, w, b),
+        dtype,
+    )
 
 
 # --- attention ------------------------------------------------------------------
@@ -92,26 +107,38 @@ ATTENTION_SHAPES = [  # (batch, heads, s_q, s_k, head_dim, causal)
     (4, 12, 197, 197, 64, False),  # ViT-B/16
     (2, 12, 1024, 1024, 64, True),  # GPT-2 small
     (1, 4, 2048, 2048, 128, True),
-    (2, 3, 37, 37, 40, False), (2, 3, 37, 37, 40, True),  # tails, head dim not a power of 2
+    (2, 3, 37, 37, 40, False),
+    (2, 3, 37, 37, 40, True),  # tails, head dim not a power of 2
     (1, 2, 1, 1, 64, True),  # one query, one key
     (1, 2, 100, 100, 17, False),
-    (1, 2, 40, 77, 64, True), (1, 2, 77, 40, 64, False),  # S_q != S_k
+    (1, 2, 40, 77, 64, True),
+    (1, 2, 77, 40, 64, False),  # S_q != S_k
 ]
 
 
 # fp32 at head dim 128 fits only the smallest tiles: bf16 covers that shape
-ATTENTION_CASES = [pytest.param(*shape, dtype, id=f"{name}-{'-'.join(map(str, shape))}")
-                   for name, dtype in DTYPES.items() for shape in ATTENTION_SHAPES
-                   if not (dtype == torch.float32 and shape[4] == 128)]
+ATTENTION_CASES = [
+    pytest.param(*shape, dtype, id=f"{name}-{'-'.join(map(str, shape))}")
+    for name, dtype in DTYPES.items()
+    for shape in ATTENTION_SHAPES
+    if not (dtype == torch.float32 and shape[4] == 128)
+]
 
 
 @pytest.mark.parametrize("b,h,s_q,s_k,d,causal,dtype", ATTENTION_CASES)
 def test_attention(b, h, s_q, s_k, d, causal, dtype):
     torch.manual_seed(s_q * d)
-    q, k, v = randn(b, h, s_q, d, dtype=dtype), randn(b, h, s_k, d, dtype=dtype), \
-        randn(b, h, s_k, d, dtype=dtype)
-    check(lambda q, k, v: kernels.attention(q, k, v, causal, impl="triton"),
-          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), dtype)
+    q, k, v = (
+        randn(b, h, s_q, d, dtype=dtype),
+        randn(b, h, s_k, d, dtype=dtype),
+        randn(b, h, s_k, d, dtype=dtype),
+    )
+    check(
+        lambda q, k, v: kernels.attention(q, k, v, causal, impl="triton"),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        (q, k, v),
+        dtype,
+    )
 
 
 def test_attention_on_strided_qkv_views():
@@ -124,10 +151,15 @@ def test_attention_on_strided_qkv_views():
         def attend(qkv):
             q, k, v = qkv.view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
             return fn(q, k, v)
+
         return attend
 
-    check(split(lambda q, k, v: kernels.attention(q, k, v, False, impl="triton")),
-          split(lambda q, k, v: F.scaled_dot_product_attention(q, k, v)), (qkv,), torch.bfloat16)
+    check(
+        split(lambda q, k, v: kernels.attention(q, k, v, False, impl="triton")),
+        split(lambda q, k, v: F.scaled_dot_product_attention(q, k, v)),
+        (qkv,),
+        torch.bfloat16,
+    )
 
 
 # --- cross-entropy ---------------------------------------------------------------
@@ -153,11 +185,13 @@ def test_cross_entropy(rows, vocab, smoothing, dtype, inplace):
 
     def triton_ce(x, t):
         # the in-place variant overwrites its input: give it a copy it owns
-        return kernels.cross_entropy(x * 1 if inplace else x, t, smoothing, impl="triton",
-                                     inplace_backward=inplace)
+        return kernels.cross_entropy(
+            x * 1 if inplace else x, t, smoothing, impl="triton", inplace_backward=inplace
+        )
 
-    check(triton_ce, lambda x, t: kernels.cross_entropy(x, t, smoothing, impl="torch"),
-          (logits, target), dtype)
+    check(
+        triton_ce, lambda x, t: kernels.cross_entropy(x, t, smoothing, impl="torch"), (logits, target), dtype
+    )
 
 
 @pytest.mark.parametrize("inplace", [False, True], ids=["recompute", "inplace"])
@@ -166,10 +200,14 @@ def test_cross_entropy_on_a_padded_vocabulary(inplace):
     torch.manual_seed(2)
     logits = randn(2048, 50304, dtype=torch.bfloat16, scale=2.0)
     target = _targets(2048, 50257)
-    got = check(lambda x, t: kernels.cross_entropy(x * 1 if inplace else x, t, 0.1, impl="triton",
-                                                   inplace_backward=inplace, classes=50257),
-                lambda x, t: kernels.cross_entropy(x, t, 0.1, impl="torch", classes=50257),
-                (logits, target), torch.bfloat16)
+    got = check(
+        lambda x, t: kernels.cross_entropy(
+            x * 1 if inplace else x, t, 0.1, impl="triton", inplace_backward=inplace, classes=50257
+        ),
+        lambda x, t: kernels.cross_entropy(x, t, 0.1, impl="torch", classes=50257),
+        (logits, target),
+        torch.bfloat16,
+    )
     assert not got[1][:, 50257:].any()  # padding columns: no gradient
 
 
@@ -196,14 +234,18 @@ def test_fused_linear_cross_entropy_gpt2_head():
     torch.manual_seed(1)
     rows, hidden, vocab = 2048, 768, 50257
     h = randn(rows, hidden, dtype=torch.bfloat16)
-    w = randn(vocab, hidden, dtype=torch.bfloat16, scale=hidden ** -0.5)
+    w = randn(vocab, hidden, dtype=torch.bfloat16, scale=hidden**-0.5)
     target = _targets(rows, vocab)
-    check(lambda h, w, t: kernels.fused_linear_cross_entropy(h, w, t, impl="triton"),
-          lambda h, w, t: kernels.fused_linear_cross_entropy(h, w, t, impl="torch"),
-          (h, w, target), torch.bfloat16)
+    check(
+        lambda h, w, t: kernels.fused_linear_cross_entropy(h, w, t, impl="triton"),
+        lambda h, w, t: kernels.fused_linear_cross_entropy(h, w, t, impl="torch"),
+        (h, w, target),
+        torch.bfloat16,
+    )
 
 
 # --- bias + GELU ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("rows,dim", [(64 * 197, 3072), (8 * 1024, 3072), (37, 1000), (5, 8192), (1, 7)])
@@ -214,6 +256,7 @@ def test_bias_gelu(rows, dim, dtype):
 
 
 # --- autotuned configs ---------------------------------------------------------
+
 
 def test_every_attention_config_is_correct_at_the_gpt2_shape(monkeypatch):
     # The autotuner may pick any candidate: each one must compute the same function.

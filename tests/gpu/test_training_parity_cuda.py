@@ -9,6 +9,7 @@ mask moves the loss by far more within a step or two.
 
     python -m pytest -m gpu tests/gpu/test_training_parity_cuda.py
 """
+
 import json
 
 import pytest
@@ -18,32 +19,53 @@ from orchestrator.spec import validate
 from workers.context import LocalContext
 from workers.trainer import train
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 TOLERANCE = 2e-2
 STEPS = 6
-ALL_TRITON = {"attention": "triton", "layer_norm": "triton", "cross_entropy": "triton",
-              "bias_gelu": "triton"}
+ALL_TRITON = {"attention": "triton", "layer_norm": "triton", "cross_entropy": "triton", "bias_gelu": "triton"}
 PRESETS = {
-    "vit_b16": ({"family": "vit", "preset": "vit_b16"},
-                {"source": "synthetic", "kind": "image", "image_size": 224, "in_channels": 3,
-                 "num_classes": 1000, "batch_size": 32, "num_samples": 256}),
-    "gpt2_small": ({"family": "gpt", "preset": "gpt2_small"},
-                   {"source": "synthetic", "kind": "tokens", "seq_len": 1024, "vocab_size": 50257,
-                    "batch_size": 8, "num_samples": 128}),
+    "vit_b16": (
+        {"family": "vit", "preset": "vit_b16"},
+        {
+            "source": "synthetic",
+            "kind": "image",
+            "image_size": 224,
+            "in_channels": 3,
+            "num_classes": 1000,
+            "batch_size": 32,
+            "num_samples": 256,
+        },
+    ),
+    "gpt2_small": (
+        {"family": "gpt", "preset": "gpt2_small"},
+        {
+            "source": "synthetic",
+            "kind": "tokens",
+            "seq_len": 1024,
+            "vocab_size": 50257,
+            "batch_size": 8,
+            "num_samples": 128,
+        },
+    ),
 }
 
 
 def losses(tmp_path, name, model, data, kernels):
-    spec = validate({
-        "name": name, "model": model,
-        "data": {**data, "eval_split": 0.1, "eval_batch_size": data["batch_size"]},
-        "train": {"steps": STEPS, "eval_batches": 1, "label_smoothing": 0.1},
-        "optimizer": {"name": "adamw", "lr": 3e-4, "weight_decay": 0.1},
-        "scheduler": {"name": "constant"},
-        "precision": {"dtype": "bf16"}, "kernels": kernels,
-        "checkpoint": {"storage": str(tmp_path)}, "metrics": {"log_every": 1}})
+    spec = validate(
+        {
+            "name": name,
+            "model": model,
+            "data": {**data, "eval_split": 0.1, "eval_batch_size": data["batch_size"]},
+            "train": {"steps": STEPS, "eval_batches": 1, "label_smoothing": 0.1},
+            "optimizer": {"name": "adamw", "lr": 3e-4, "weight_decay": 0.1},
+            "scheduler": {"name": "constant"},
+            "precision": {"dtype": "bf16"},
+            "kernels": kernels,
+            "checkpoint": {"storage": str(tmp_path)},
+            "metrics": {"log_every": 1},
+        }
+    )
     summary = train(spec, LocalContext(spec))
     assert summary["status"] == "succeeded", summary
     records = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())

@@ -15,8 +15,13 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import Dataset, Subset
 
-_SOURCES = {"synthetic": "synthetic", "digits": "digits", "fashion-mnist": "fashion_mnist",
-            "text": "text", "parquet": "parquet"}
+_SOURCES = {
+    "synthetic": "synthetic",
+    "digits": "digits",
+    "fashion-mnist": "fashion_mnist",
+    "text": "text",
+    "parquet": "parquet",
+}
 
 
 @dataclass
@@ -112,5 +117,5 @@ class TokenWindows(Dataset):
         if not 0 <= i < len(self):
             raise IndexError(i)
         start = i * (self.seq_len + 1)
-        window = self.tokens[start:start + self.seq_len + 1].to(torch.int64)
+        window = self.tokens[start : start + self.seq_len + 1].to(torch.int64)
         return window[:-1], window[1:]

@@ -43,13 +43,17 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
     magic = int.from_bytes(data[:4], "big") if len(data) >= 4 else None
     if magic != _MAGIC[ndim]:
         found = f"0x{magic:08x}" if magic is not None else "a truncated header"
-        raise ValueError(f"{path}: not an IDX file of {ndim}-d unsigned bytes "
-                         f"(magic number 0x{_MAGIC[ndim]:08x} expected, found {found})")
+        raise ValueError(
+            f"{path}: not an IDX file of {ndim}-d unsigned bytes "
+            f"(magic number 0x{_MAGIC[ndim]:08x} expected, found {found})"
+        )
     header = 4 + 4 * ndim
-    dims = [int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     if len(data) != header + int(np.prod(dims)):
-        raise ValueError(f"{path}: truncated or corrupt IDX file: header says {dims}, "
-                         f"but it holds {len(data) - header} bytes of data")
+        raise ValueError(
+            f"{path}: truncated or corrupt IDX file: header says {dims}, "
+            f"but it holds {len(data) - header} bytes of data"
+        )
     # copy: arrays over immutable bytes are read-only, which torch warns about
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims).copy()
 
@@ -75,9 +79,11 @@ def find(spec: Any) -> Path | None:
 
 def _not_found(spec: Any) -> str:
     dirs = ", ".join(str(d) for d in _search_dirs(spec))
-    return (f"fashion-mnist: dataset not found in {dirs}; install Debian's package "
-            "'dataset-fashion-mnist' (apt-get install dataset-fashion-mnist), put the IDX files "
-            "in data.path, or set data.download: true")
+    return (
+        f"fashion-mnist: dataset not found in {dirs}; install Debian's package "
+        "'dataset-fashion-mnist' (apt-get install dataset-fashion-mnist), put the IDX files "
+        "in data.path, or set data.download: true"
+    )
 
 
 def download(directory: Path = CACHE_DIR) -> Path:
@@ -106,8 +112,16 @@ def _locate(spec: Any) -> Path:
 
 
 def describe(spec: Any) -> DataInfo:
-    return DataInfo(kind="image", num_classes=10, in_channels=1, image_size=28, vocab_size=None,
-                    seq_len=None, train_size=TRAIN_SIZE, eval_size=TEST_SIZE)
+    return DataInfo(
+        kind="image",
+        num_classes=10,
+        in_channels=1,
+        image_size=28,
+        vocab_size=None,
+        seq_len=None,
+        train_size=TRAIN_SIZE,
+        eval_size=TEST_SIZE,
+    )
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:

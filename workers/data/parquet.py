@@ -57,23 +57,42 @@ def describe(spec: Any) -> DataInfo:
     n_eval = eval_count(rows, spec.eval_split)
     sizes = dict(train_size=rows - n_eval, eval_size=n_eval)
     if spec.kind == "tokens":
-        return DataInfo(kind="tokens", num_classes=None, in_channels=None, image_size=None,
-                        vocab_size=spec.vocab_size, seq_len=spec.seq_len, **sizes)
-    return DataInfo(kind="image", num_classes=spec.num_classes, in_channels=spec.in_channels,
-                    image_size=spec.image_size, vocab_size=None, seq_len=None, **sizes)
+        return DataInfo(
+            kind="tokens",
+            num_classes=None,
+            in_channels=None,
+            image_size=None,
+            vocab_size=spec.vocab_size,
+            seq_len=spec.seq_len,
+            **sizes,
+        )
+    return DataInfo(
+        kind="image",
+        num_classes=spec.num_classes,
+        in_channels=spec.in_channels,
+        image_size=spec.image_size,
+        vocab_size=None,
+        seq_len=None,
+        **sizes,
+    )
 
 
 def _images(column: pa.ChunkedArray, name: str, spec: Any) -> torch.Tensor:
     shape = (spec.in_channels, spec.image_size, spec.image_size)
     array = column.combine_chunks()
-    if pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type) \
-            or pa.types.is_fixed_size_binary(array.type):
+    if (
+        pa.types.is_binary(array.type)
+        or pa.types.is_large_binary(array.type)
+        or pa.types.is_fixed_size_binary(array.type)
+    ):
         values = np.frombuffer(b"".join(array.to_pylist()), dtype=np.float32).copy()
     else:  # list<float> / fixed_size_list<float>; astype copies, so torch gets a writable array
         values = array.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
     if values.size != len(array) * int(np.prod(shape)):
-        raise ValueError(f"parquet: column {name!r} does not hold {'x'.join(map(str, shape))}"
-                         " float32 values per row (data.in_channels x data.image_size^2)")
+        raise ValueError(
+            f"parquet: column {name!r} does not hold {'x'.join(map(str, shape))}"
+            " float32 values per row (data.in_channels x data.image_size^2)"
+        )
     return torch.from_numpy(values).view(len(array), *shape)
 
 
@@ -82,12 +101,15 @@ def _tokens(column: pa.ChunkedArray, spec: Any) -> torch.Tensor:
     need = spec.seq_len + 1
     short = [len(r) for r in rows if len(r) < need]
     if short:
-        raise ValueError(f"parquet: {len(short)} token rows are shorter than seq_len + 1 = {need}"
-                         f" (shortest: {min(short)})")
+        raise ValueError(
+            f"parquet: {len(short)} token rows are shorter than seq_len + 1 = {need} (shortest: {min(short)})"
+        )
     tokens = torch.tensor([r[:need] for r in rows], dtype=torch.int64).view(len(rows), need)
     if len(rows) and (tokens.min() < 0 or tokens.max() >= spec.vocab_size):
-        raise ValueError(f"parquet: token ids must be in [0, {spec.vocab_size}), found "
-                         f"{tokens.min().item()}..{tokens.max().item()}")
+        raise ValueError(
+            f"parquet: token ids must be in [0, {spec.vocab_size}), found "
+            f"{tokens.min().item()}..{tokens.max().item()}"
+        )
     return tokens
 
 
@@ -106,8 +128,10 @@ class _Shifted(Dataset):
 def _labels(column: pa.ChunkedArray, spec: Any) -> torch.Tensor:
     labels = torch.from_numpy(column.to_numpy().astype(np.int64))  # astype: a writable copy
     if len(labels) and (labels.min() < 0 or labels.max() >= spec.num_classes):
-        raise ValueError(f"parquet: labels must be in [0, {spec.num_classes}), found "
-                         f"{labels.min().item()}..{labels.max().item()}")
+        raise ValueError(
+            f"parquet: labels must be in [0, {spec.num_classes}), found "
+            f"{labels.min().item()}..{labels.max().item()}"
+        )
     return labels
 
 
@@ -115,17 +139,22 @@ def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datase
     dataset = _open(spec.path)
     fragments = _fragments(dataset)
     if len(fragments) < world_size:
-        raise ValueError(f"parquet: {spec.path!r} has {len(fragments)} file(s) but there are"
-                         f" {world_size} ranks; each rank needs at least one file")
+        raise ValueError(
+            f"parquet: {spec.path!r} has {len(fragments)} file(s) but there are"
+            f" {world_size} ranks; each rank needs at least one file"
+        )
     columns = _needed_columns(spec)
-    table = pa.concat_tables([f.to_table(columns=columns, schema=dataset.schema)
-                              for f in fragments[rank::world_size]])
+    table = pa.concat_tables(
+        [f.to_table(columns=columns, schema=dataset.schema) for f in fragments[rank::world_size]]
+    )
     if spec.kind == "tokens":
         tensors = [_tokens(table.column(columns[0]), spec)]
         make = _Shifted
     else:
-        tensors = [_images(table.column(columns[0]), columns[0], spec),
-                   _labels(table.column(columns[1]), spec)]
+        tensors = [
+            _images(table.column(columns[0]), columns[0], spec),
+            _labels(table.column(columns[1]), spec),
+        ]
         make = TensorDataset
     # per-rank seeded row split; the rank is mixed in so shards do not share a permutation
     rows = len(tensors[0])
@@ -158,6 +187,8 @@ def check(spec: Any) -> list[tuple[str, str]]:
         return [("path", f"no parquet files under {spec.path!r}")]
     missing = [c for c in _needed_columns(spec) if c not in dataset.schema.names]
     if missing:
-        return [("columns", f"column {c!r} not in {spec.path!r}; it has: "
-                            f"{', '.join(dataset.schema.names)}") for c in missing]
+        return [
+            ("columns", f"column {c!r} not in {spec.path!r}; it has: {', '.join(dataset.schema.names)}")
+            for c in missing
+        ]
     return []

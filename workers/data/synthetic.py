@@ -64,18 +64,31 @@ def describe(spec: Any) -> DataInfo:
     n_eval = eval_count(spec.num_samples, spec.eval_split)
     sizes = dict(train_size=spec.num_samples - n_eval, eval_size=n_eval)
     if spec.kind == "tokens":
-        return DataInfo(kind="tokens", num_classes=None, in_channels=None, image_size=None,
-                        vocab_size=spec.vocab_size, seq_len=spec.seq_len, **sizes)
-    return DataInfo(kind="image", num_classes=spec.num_classes, in_channels=spec.in_channels,
-                    image_size=spec.image_size, vocab_size=None, seq_len=None, **sizes)
+        return DataInfo(
+            kind="tokens",
+            num_classes=None,
+            in_channels=None,
+            image_size=None,
+            vocab_size=spec.vocab_size,
+            seq_len=spec.seq_len,
+            **sizes,
+        )
+    return DataInfo(
+        kind="image",
+        num_classes=spec.num_classes,
+        in_channels=spec.in_channels,
+        image_size=spec.image_size,
+        vocab_size=None,
+        seq_len=None,
+        **sizes,
+    )
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:
     if spec.kind == "tokens":
         full = SyntheticTokens(spec.num_samples, spec.vocab_size, spec.seq_len, seed)
     else:
-        full = SyntheticImages(spec.num_samples, spec.num_classes, spec.in_channels,
-                               spec.image_size, seed)
+        full = SyntheticImages(spec.num_samples, spec.num_classes, spec.in_channels, spec.image_size, seed)
     # the split seed differs from the content seed so the two are not correlated
     train, eval_ = split(full, spec.eval_split, seed + 1)
     return Datasets(train, eval_, describe(spec))

@@ -61,8 +61,16 @@ def _split_sizes(n_bytes: int, spec: Any) -> tuple[int, int, int]:
 def describe(spec: Any) -> DataInfo:
     _, n_bytes = corpus_files(spec)
     _, n_train, n_eval = _split_sizes(n_bytes, spec)
-    return DataInfo(kind="tokens", num_classes=None, in_channels=None, image_size=None,
-                    vocab_size=VOCAB_SIZE, seq_len=spec.seq_len, train_size=n_train, eval_size=n_eval)
+    return DataInfo(
+        kind="tokens",
+        num_classes=None,
+        in_channels=None,
+        image_size=None,
+        vocab_size=VOCAB_SIZE,
+        seq_len=spec.seq_len,
+        train_size=n_train,
+        eval_size=n_eval,
+    )
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:
@@ -75,8 +83,10 @@ def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datase
     tokens = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     cut, n_train, n_eval = _split_sizes(n_bytes, spec)
     if n_train == 0:
-        raise ValueError(f"text: corpus of {n_bytes} bytes is too small for one training window "
-                         f"of seq_len + 1 = {spec.seq_len + 1} bytes")
+        raise ValueError(
+            f"text: corpus of {n_bytes} bytes is too small for one training window "
+            f"of seq_len + 1 = {spec.seq_len + 1} bytes"
+        )
     eval_ = TokenWindows(tokens[cut:], spec.seq_len) if n_eval else None
     return Datasets(TokenWindows(tokens[:cut], spec.seq_len), eval_, describe(spec))
 
@@ -91,6 +101,11 @@ def check(spec: Any) -> list[tuple[str, str]]:
     if not files:
         return [("path", f"no {', '.join('*' + s for s in SUFFIXES)} files under {spec.path!r}")]
     if _split_sizes(n_bytes, spec)[1] == 0:
-        return [("seq_len", f"{spec.path!r} holds {n_bytes} bytes, too few for one training "
-                            f"window of seq_len + 1 = {spec.seq_len + 1}")]
+        return [
+            (
+                "seq_len",
+                f"{spec.path!r} holds {n_bytes} bytes, too few for one training "
+                f"window of seq_len + 1 = {spec.seq_len + 1}",
+            )
+        ]
     return []

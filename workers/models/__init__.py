@@ -7,8 +7,6 @@ compilation can be applied per block from outside.
     model = build(spec.model, data_info=datasets.info, kernels=spec.kernels.as_dict())
 """
 
-from .registry import (FAMILIES, build, catalog, check, count_flops, example_input, make_config,
-                       presets)
+from .registry import FAMILIES, build, catalog, check, count_flops, example_input, make_config, presets
 
-__all__ = ["FAMILIES", "presets", "check", "make_config", "build", "catalog", "count_flops",
-           "example_input"]
+__all__ = ["FAMILIES", "presets", "check", "make_config", "build", "catalog", "count_flops", "example_input"]

@@ -29,9 +29,13 @@ PRESETS: dict[str, dict] = {
 
 def validate(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     if cfg.image_size < 2 ** len(cfg.channels):
-        return [(("image_size", "channels"),
-                 f"image_size {cfg.image_size} is too small for {len(cfg.channels)} 2x poolings;"
-                 f" needs >= {2 ** len(cfg.channels)}")]
+        return [
+            (
+                ("image_size", "channels"),
+                f"image_size {cfg.image_size} is too small for {len(cfg.channels)} 2x poolings;"
+                f" needs >= {2 ** len(cfg.channels)}",
+            )
+        ]
     return []
 
 
@@ -41,12 +45,14 @@ class ConvNet(nn.Module):
         self.config = c = config
         stages, prev = [], c.in_channels
         for ch in c.channels:
-            stages.append(nn.Sequential(
-                nn.Conv2d(prev, ch, 3, padding=1, bias=not c.batch_norm),  # BN has its own shift
-                nn.BatchNorm2d(ch) if c.batch_norm else nn.Identity(),
-                nn.ReLU(inplace=True),
-                nn.MaxPool2d(2),
-            ))
+            stages.append(
+                nn.Sequential(
+                    nn.Conv2d(prev, ch, 3, padding=1, bias=not c.batch_norm),  # BN has its own shift
+                    nn.BatchNorm2d(ch) if c.batch_norm else nn.Identity(),
+                    nn.ReLU(inplace=True),
+                    nn.MaxPool2d(2),
+                )
+            )
             prev = ch
         self.blocks = nn.ModuleList(stages)
         side = c.image_size // 2 ** len(c.channels)
@@ -64,7 +70,7 @@ class ConvNet(nn.Module):
                     nn.init.zeros_(m.bias)
         # the classifier feeds no ReLU: the ReLU gain would only inflate the initial loss
         classifier = self.head[-1]
-        bound = 1 / classifier.in_features ** 0.5
+        bound = 1 / classifier.in_features**0.5
         nn.init.uniform_(classifier.weight, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

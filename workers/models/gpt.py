@@ -58,9 +58,17 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(c.block_size, c.n_embd)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            Block(c.n_embd, c.n_head, 4 * c.n_embd, bias=c.bias, causal=True, dropout=c.dropout,
-                  kernels=c.kernels)
-            for _ in range(c.n_layer))
+            Block(
+                c.n_embd,
+                c.n_head,
+                4 * c.n_embd,
+                bias=c.bias,
+                causal=True,
+                dropout=c.dropout,
+                kernels=c.kernels,
+            )
+            for _ in range(c.n_layer)
+        )
         self.ln_f = LayerNorm(c.n_embd, bias=c.bias, impl=c.kernels.get("layer_norm", "auto"))
         self.lm_head = nn.Linear(c.n_embd, rows, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
@@ -89,7 +97,7 @@ class GPT(nn.Module):
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
         if logits.shape[-1] != self.config.vocab_size:  # padded rows: no class of the data
-            logits = logits[..., :self.config.vocab_size]
+            logits = logits[..., : self.config.vocab_size]
         return logits
 
 

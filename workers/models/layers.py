@@ -34,8 +34,15 @@ class LayerNorm(nn.Module):
 class Attention(nn.Module):
     """Multi-head self-attention: one fused qkv Linear, kernels.attention, output proj."""
 
-    def __init__(self, dim: int, n_heads: int, bias: bool = True, causal: bool = False,
-                 dropout: float = 0.0, impl: str = "auto"):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        bias: bool = True,
+        causal: bool = False,
+        dropout: float = 0.0,
+        impl: str = "auto",
+    ):
         super().__init__()
         assert dim % n_heads == 0, f"dim {dim} not divisible by n_heads {n_heads}"
         self.n_heads = n_heads
@@ -66,8 +73,9 @@ class MLP(nn.Module):
     Parameters are identical either way, so checkpoints are interchangeable.
     """
 
-    def __init__(self, dim: int, hidden: int, bias: bool = True, dropout: float = 0.0,
-                 gelu_impl: str = "auto"):
+    def __init__(
+        self, dim: int, hidden: int, bias: bool = True, dropout: float = 0.0, gelu_impl: str = "auto"
+    ):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden, bias=bias)
         self.fc2 = nn.Linear(hidden, dim, bias=bias)
@@ -86,9 +94,18 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln(x)); x + mlp(ln(x))."""
 
-    def __init__(self, dim: int, n_heads: int, mlp_hidden: int, *, bias: bool = True,
-                 causal: bool = False, dropout: float = 0.0, eps: float = 1e-5,
-                 kernels: dict[str, str] | None = None):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        mlp_hidden: int,
+        *,
+        bias: bool = True,
+        causal: bool = False,
+        dropout: float = 0.0,
+        eps: float = 1e-5,
+        kernels: dict[str, str] | None = None,
+    ):
         super().__init__()
         impl = (kernels or {}).get
         self.ln1 = LayerNorm(dim, eps, bias, impl("layer_norm", "auto"))

@@ -46,8 +46,12 @@ def check(family: str, preset: str, overrides: dict | None, data_info: Any = Non
     module = _MODULES[family]
     problems: Problems = []
     if not isinstance(preset, str) or preset not in module.PRESETS:
-        problems.append(("preset", f"unknown preset {preset!r} for family {family!r}"
-                                   f"{_suggest(preset, list(module.PRESETS))}"))
+        problems.append(
+            (
+                "preset",
+                f"unknown preset {preset!r} for family {family!r}{_suggest(preset, list(module.PRESETS))}",
+            )
+        )
     if overrides is None:
         overrides = {}
     if not isinstance(overrides, dict):
@@ -66,8 +70,12 @@ def check(family: str, preset: str, overrides: dict | None, data_info: Any = Non
     if data_info is not None:
         wants = "tokens" if family == "gpt" else "image"
         if getattr(data_info, "kind", wants) != wants:
-            problems.append(("family", f"family {family!r} needs {wants} data, "
-                                       f"but the data source gives {data_info.kind} data"))
+            problems.append(
+                (
+                    "family",
+                    f"family {family!r} needs {wants} data, but the data source gives {data_info.kind} data",
+                )
+            )
     if problems:
         return problems
     cfg = _assemble(family, preset, overrides, data_info)
@@ -110,8 +118,9 @@ def _type_problem(value: Any, tp: Any) -> str | None:
                 return f"item {i}: expected {_describe(args[0])}, got {item!r}"
         return None
     if origin is dict:
-        if not isinstance(value, dict) or any(_type_problem(k, args[0]) or _type_problem(v, args[1])
-                                              for k, v in value.items()):
+        if not isinstance(value, dict) or any(
+            _type_problem(k, args[0]) or _type_problem(v, args[1]) for k, v in value.items()
+        ):
             return f"expected {_describe(tp)}, got {value!r}"
         return None
     ok = {
@@ -163,8 +172,13 @@ def _range_problem(key: str, value: Any, tp: Any) -> str | None:
 # --- assembly -------------------------------------------------------------------------
 
 
-def make_config(family: str, preset: str, overrides: dict | None = None, data_info: Any = None,
-                kernels: dict[str, str] | None = None):
+def make_config(
+    family: str,
+    preset: str,
+    overrides: dict | None = None,
+    data_info: Any = None,
+    kernels: dict[str, str] | None = None,
+):
     """Preset defaults, then the data's input shape, then user overrides, then kernels."""
     problems = check(family, preset, overrides, data_info)
     if kernels:
@@ -209,8 +223,9 @@ def _from_data(family: str, info: Any, chosen: dict) -> dict:
 
 def build(model_spec: Any, data_info: Any = None, kernels: dict[str, str] | None = None) -> nn.Module:
     """Build the model of a ModelSpec (anything with .family, .preset, .overrides)."""
-    cfg = make_config(model_spec.family, model_spec.preset, dict(model_spec.overrides or {}),
-                      data_info, kernels)
+    cfg = make_config(
+        model_spec.family, model_spec.preset, dict(model_spec.overrides or {}), data_info, kernels
+    )
     return _MODULES[model_spec.family].Model(cfg)
 
 
@@ -257,11 +272,16 @@ def catalog() -> list[dict]:
             with torch.device("meta"):
                 model = _MODULES[family].Model(cfg)
                 flops = count_flops(model, example_input(cfg))
-            rows.append(dict(family=family, preset=preset,
-                             params=sum(p.numel() for p in model.parameters()),
-                             input=_input_desc(cfg), forward_flops=flops))
+            rows.append(
+                dict(
+                    family=family,
+                    preset=preset,
+                    params=sum(p.numel() for p in model.parameters()),
+                    input=_input_desc(cfg),
+                    forward_flops=flops,
+                )
+            )
     return rows
 
 
-__all__ = ["FAMILIES", "presets", "check", "make_config", "build", "catalog", "count_flops",
-           "example_input"]
+__all__ = ["FAMILIES", "presets", "check", "make_config", "build", "catalog", "count_flops", "example_input"]

@@ -71,8 +71,9 @@ class Bottleneck(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or inplanes != out:
-            self.downsample = nn.Sequential(nn.Conv2d(inplanes, out, 1, stride=stride, bias=False),
-                                            nn.BatchNorm2d(out))
+            self.downsample = nn.Sequential(
+                nn.Conv2d(inplanes, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
@@ -88,15 +89,21 @@ class ResNet(nn.Module):
         self.config = c = config
         small = c.small_stem if c.small_stem is not None else c.image_size <= 64
         if small:  # CIFAR-style: keep resolution, a 7x7/2 + pool would leave too few pixels
-            self.stem = nn.Sequential(nn.Conv2d(c.in_channels, c.width, 3, padding=1, bias=False),
-                                      nn.BatchNorm2d(c.width), nn.ReLU(inplace=True))
+            self.stem = nn.Sequential(
+                nn.Conv2d(c.in_channels, c.width, 3, padding=1, bias=False),
+                nn.BatchNorm2d(c.width),
+                nn.ReLU(inplace=True),
+            )
         else:
-            self.stem = nn.Sequential(nn.Conv2d(c.in_channels, c.width, 7, 2, 3, bias=False),
-                                      nn.BatchNorm2d(c.width), nn.ReLU(inplace=True),
-                                      nn.MaxPool2d(3, 2, 1))
+            self.stem = nn.Sequential(
+                nn.Conv2d(c.in_channels, c.width, 7, 2, 3, bias=False),
+                nn.BatchNorm2d(c.width),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(3, 2, 1),
+            )
         blocks, inplanes = [], c.width
         for stage, n in enumerate(c.layers):
-            width = c.width * 2 ** stage
+            width = c.width * 2**stage
             for i in range(n):
                 stride = 2 if stage > 0 and i == 0 else 1
                 blocks.append(Bottleneck(inplanes, width, stride, c.se_ratio if c.se else None))
@@ -116,7 +123,7 @@ class ResNet(nn.Module):
             elif isinstance(m, nn.BatchNorm2d):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        bound = 1 / self.fc.in_features ** 0.5  # nn.Linear's default
+        bound = 1 / self.fc.in_features**0.5  # nn.Linear's default
         nn.init.uniform_(self.fc.weight, -bound, bound)
         nn.init.uniform_(self.fc.bias, -bound, bound)
         if self.config.zero_init_residual:

@@ -34,8 +34,9 @@ class Config:
 
 PRESETS: dict[str, dict] = {
     # 28x28 Fashion-MNIST on a CPU: 7x7 = 49 patches of 4x4
-    "vit_micro": dict(image_size=28, in_channels=1, num_classes=10, patch_size=4,
-                      dim=128, depth=4, heads=4, mlp_ratio=2.0),
+    "vit_micro": dict(
+        image_size=28, in_channels=1, num_classes=10, patch_size=4, dim=128, depth=4, heads=4, mlp_ratio=2.0
+    ),
     "vit_tiny": dict(dim=192, depth=12, heads=3),
     "vit_small": dict(dim=384, depth=12, heads=6),
     "vit_base": dict(dim=768, depth=12, heads=12),
@@ -49,8 +50,12 @@ def validate(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     """Cross-field constraints: (fields involved, message)."""
     problems = []
     if cfg.image_size % cfg.patch_size:
-        problems.append((("image_size", "patch_size"),
-                         f"image_size {cfg.image_size} is not divisible by patch_size {cfg.patch_size}"))
+        problems.append(
+            (
+                ("image_size", "patch_size"),
+                f"image_size {cfg.image_size} is not divisible by patch_size {cfg.patch_size}",
+            )
+        )
     if cfg.dim % cfg.heads:
         problems.append((("heads", "dim"), f"dim {cfg.dim} is not divisible by heads {cfg.heads}"))
     return problems
@@ -71,9 +76,17 @@ class ViT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, c.dim))
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            Block(c.dim, c.heads, int(c.dim * c.mlp_ratio), bias=c.qkv_bias, dropout=c.dropout,
-                  eps=1e-6, kernels=c.kernels)
-            for _ in range(c.depth))
+            Block(
+                c.dim,
+                c.heads,
+                int(c.dim * c.mlp_ratio),
+                bias=c.qkv_bias,
+                dropout=c.dropout,
+                eps=1e-6,
+                kernels=c.kernels,
+            )
+            for _ in range(c.depth)
+        )
         self.norm = LayerNorm(c.dim, eps=1e-6, impl=c.kernels.get("layer_norm", "auto"))
         self.head = nn.Linear(c.dim, c.num_classes)
         self._init_weights()
