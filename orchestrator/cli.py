@@ -15,7 +15,7 @@ import sys
 from orchestrator import __version__
 from orchestrator.spec import SpecError
 
-COMMANDS = ["validate", "run", "models", "submit", "jobs", "export"]
+COMMANDS = ["validate", "run", "models", "submit", "jobs", "queue", "service", "export"]
 
 
 class UsageError(Exception):

@@ -1,3 +1,4 @@
+import json
 import os
 import secrets
 import shutil
@@ -63,7 +64,7 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def start_ray_head(num_cpus: int = 4) -> RayHead:
+def start_ray_head(num_cpus: int = 4, resources: dict | None = None) -> RayHead:
     """`ray start --head --block` with token auth, its own ports and a short temp dir.
 
     Every port gets a free one so that this cluster never meets another on the machine, and
@@ -98,6 +99,7 @@ def start_ray_head(num_cpus: int = 4) -> RayHead:
             f"--metrics-export-port={metrics}",
             f"--temp-dir={temp_dir}/ray",
             f"--num-cpus={num_cpus}",
+            *([f"--resources={json.dumps(resources)}"] if resources else []),
             "--include-dashboard=true",
             "--disable-usage-stats",
         ],
@@ -132,6 +134,20 @@ def stop_ray_head(head: RayHead) -> None:
             os.killpg(head.process.pid, signal.SIGKILL)
             head.process.wait(10)
     shutil.rmtree(head.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def orchestrator_home(tmp_path_factory):
+    """The CLI's own state (`orchestrator up`'s record) lives in a directory of the test session,
+    never in the home directory of whoever runs the tests."""
+    home = tmp_path_factory.mktemp("orchestrator-home")
+    previous = os.environ.get("ORCHESTRATOR_HOME")
+    os.environ["ORCHESTRATOR_HOME"] = str(home)
+    yield home
+    if previous is None:
+        os.environ.pop("ORCHESTRATOR_HOME", None)
+    else:
+        os.environ["ORCHESTRATOR_HOME"] = previous
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.spec import load_spec
 from tests.dist_suite import VIT, VIT_JOB, losses, suite
-from workers.checkpoint import CheckpointError
+from workers.checkpoint import CheckpointError, incomplete_reason, newest_complete
 from workers.context import LocalContext
 from workers.trainer import train
 
@@ -86,3 +86,57 @@ def test_async_checkpoints_measure_the_time_training_was_blocked(runs):
 def test_a_checkpoint_of_another_model_fails_with_a_clear_message(runs, tmp_path):
     with pytest.raises(CheckpointError, match="does not fit this model"):
         local_resume(tmp_path, runs["one"].directory / "checkpoint_00000010", "model.overrides={dim: 64}")
+
+
+def _truncate_a_shard(checkpoint) -> str:
+    shard = sorted(checkpoint.glob("*.distcp"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    return shard.name
+
+
+def test_one_definition_of_a_complete_checkpoint(runs, tmp_path):
+    source = runs["fsdp2"].directory
+    run_dir = tmp_path / "run"
+    shutil.copytree(source, run_dir)
+    assert incomplete_reason(str(run_dir / "checkpoint_00000020")) is None
+    assert newest_complete(str(run_dir)) == (str(run_dir / "checkpoint_00000020"), [])
+    shard = _truncate_a_shard(run_dir / "checkpoint_00000020")
+    assert incomplete_reason(str(run_dir / "checkpoint_00000020")) == (
+        f"shard {shard} is truncated ({(run_dir / 'checkpoint_00000020' / shard).stat().st_size} of "
+        f"{(source / 'checkpoint_00000020' / shard).stat().st_size} bytes)"
+    )
+    uri, skipped = newest_complete(str(run_dir))
+    assert uri == str(run_dir / "checkpoint_00000010")
+    assert skipped == [
+        {"checkpoint": "checkpoint_00000020", "reason": incomplete_reason(uri.replace("10", "20"))}
+    ]
+    (run_dir / "checkpoint_00000010" / "rng" / "rank_00001.pt").unlink()  # a rank never finished
+    assert incomplete_reason(str(run_dir / "checkpoint_00000010")) == "missing rng/rank_00001.pt"
+    (run_dir / "checkpoint_00000010" / "trainer.pt").write_bytes(b"partial")
+    assert incomplete_reason(str(run_dir / "checkpoint_00000010")).startswith("trainer.pt is unreadable")
+    assert newest_complete(str(run_dir))[0] is None
+
+
+def test_resume_skips_a_truncated_newest_checkpoint_and_says_so(runs, tmp_path):
+    run_dir = tmp_path / "convnet-digits"
+    run_dir.mkdir()
+    for name in ("checkpoint_00000010", "checkpoint_00000020"):
+        shutil.copytree(runs["one"].directory / name, run_dir / name)
+    _truncate_a_shard(run_dir / "checkpoint_00000020")
+    spec = load_spec(
+        VIT_JOB,
+        [
+            *VIT,
+            "parallel.strategy=none",
+            "resources.num_workers=1",
+            f"checkpoint.storage={tmp_path}",
+            "train.steps=25",
+        ],
+    )
+    summary = train(spec, LocalContext(spec))
+    assert summary["status"] == "succeeded" and summary["steps"] == 25
+    resumed = summary["resumed_from"]
+    assert resumed["checkpoint"] == str(run_dir / "checkpoint_00000010") and resumed["step"] == 10
+    assert resumed["skipped"][0]["checkpoint"] == "checkpoint_00000020"
+    assert "truncated" in resumed["skipped"][0]["reason"]

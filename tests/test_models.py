@@ -58,7 +58,6 @@ ALL_PRESETS = [(f, p) for f in models.FAMILIES for p in models.presets(f)]
     "family,preset,expected",
     [
         ("vit", "vit_b16", 86_567_656),  # timm vit_base_patch16_224
-        ("vit", "vit_base", 86_567_656),
         ("resnet", "resnet50", 25_557_032),  # torchvision resnet50
         ("resnet", "seresnet50", 28_088_024),  # timm seresnet50
         # GPT-2 124M (tied lm_head counted once), its vocabulary rows padded 50257 -> 50304
@@ -231,7 +230,7 @@ def test_check_unknown_field_suggests():
     [
         ("vit", {"depth": "abc"}, "overrides.depth", "expected an integer, got 'abc'"),
         ("vit", {"depth": True}, "overrides.depth", "expected an integer"),
-        ("vit", {"depth": 0}, "overrides.depth", "must be >= 1, got 0"),
+        ("vit", {"depth": 0}, "overrides.depth", "must be 1 to 1048576, got 0"),
         ("vit", {"dropout": 1.5}, "overrides.dropout", "must be in [0, 1)"),
         ("vit", {"mlp_ratio": "x"}, "overrides.mlp_ratio", "expected a number"),
         ("vit", {"pool": "max"}, "overrides.pool", "expected one of 'cls', 'mean'"),
@@ -247,6 +246,46 @@ def test_check_value_problems(family, overrides, path, fragment):
     preset = models.presets(family)[0]
     problems = models.check(family, preset, overrides)
     assert len(problems) == 1 and problems[0][0] == path and fragment in problems[0][1], problems
+
+
+def test_no_two_presets_of_a_family_are_the_same_model():
+    for family in models.FAMILIES:
+        configs = [models.make_config(family, preset) for preset in models.presets(family)]
+        assert len({repr(c) for c in configs}) == len(configs), family
+
+
+@pytest.mark.parametrize("family,preset", [("convnet", "convnet"), ("resnet", "resnet_tiny")])
+def test_families_without_kernel_ops_take_no_kernels_override(family, preset):
+    [(path, msg)] = models.check(family, preset, {"kernels": {"attention": "triton"}})
+    assert path == "overrides.kernels"
+    assert f"the {family} family has no ops with fused kernels" in msg and "kernels.cross_entropy" in msg
+    # the job's kernels section (for the loss) still builds these families
+    cfg = models.make_config(family, preset, kernels={"cross_entropy": "torch", "attention": "triton"})
+    assert not hasattr(cfg, "kernels")
+
+
+@pytest.mark.parametrize("family,preset", [("vit", "vit_micro"), ("gpt", "gpt_nano")])
+def test_kernel_families_take_a_kernels_override(family, preset):
+    assert models.check(family, preset, {"kernels": {"attention": "torch"}}) == []
+    cfg = models.make_config(
+        family, preset, {"kernels": {"attention": "torch"}}, kernels={"layer_norm": "torch"}
+    )
+    assert cfg.kernels == {"attention": "torch", "layer_norm": "torch"}
+
+
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        ({"depth": 2**20 + 1}, "must be 1 to 1048576, got 1048577"),
+        ({"depth": 10**5000}, "must be 1 to 1048576, got a huge integer"),
+        ({"mlp_ratio": 10**400}, "must be > 0 and <= 1000"),
+        ({"mlp_ratio": float("inf")}, "must be a finite number, got inf"),
+        ({"dropout": float("nan")}, "must be a finite number, got nan"),
+    ],
+)
+def test_check_bounds_every_number(overrides, fragment):
+    [(path, msg)] = models.check("vit", "vit_micro", overrides)
+    assert path == f"overrides.{next(iter(overrides))}" and fragment in msg
 
 
 def test_check_cross_field_constraints():
@@ -305,7 +344,7 @@ def test_make_config_precedence():
 
 
 def test_build_rejects_invalid_spec():
-    with pytest.raises(ValueError, match="model.overrides.depth: must be >= 1"):
+    with pytest.raises(ValueError, match="model.overrides.depth: must be 1 to 1048576, got 0"):
         build("vit", "vit_micro", depth=0)
     with pytest.raises(ValueError, match="model.kernels"):
         build("vit", "vit_micro", kernels={"attention": "fast"})

@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from orchestrator.spec import PrecisionSpec, load_spec, unimplemented, validate
+from orchestrator.checks import job_problems
+from orchestrator.spec import PrecisionSpec, load_spec, validate
 from tests.dist_suite import GPT, GPT_JOB, VIT, VIT_JOB, losses
 from workers import float8, precision
 from workers.context import LocalContext
@@ -228,6 +229,6 @@ def test_the_spec_runs_every_scaling_feature():
             "checkpoint": {"every_steps": 1, "async": True},
         }
     )
-    assert unimplemented(spec) == []
+    assert job_problems(spec) == []
     spec.precision.dtype = "fp8"
-    assert unimplemented(spec) == []
+    assert job_problems(spec) == []

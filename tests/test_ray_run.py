@@ -232,3 +232,81 @@ def test_joining_a_token_cluster_without_the_token_says_what_to_do(ray_head, tmp
         " an auth token and none was found"
     )
     assert "ray get-auth-token" in last and "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(600)
+def test_resume_takes_the_newest_complete_checkpoint_in_storage(ray_head, tmp_path):
+    """The driver is SIGKILLed right after a checkpoint lands; the next run resumes from that
+    checkpoint (whatever Ray's own index had registered). Then the newest checkpoint is
+    corrupted: the run after that falls back to the one before, and says why."""
+    args = [sys.executable, "-m", "orchestrator", "run", SPEC, "--address", ray_head.address]
+    for override in [
+        f"checkpoint.storage={tmp_path}",
+        "train.steps=5000",
+        "checkpoint.every_steps=20",
+        "checkpoint.keep=10",
+        "metrics.log_every=20",
+        "train.eval_every=null",
+    ]:
+        args += ["--set", override]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **ray_head.env}
+    process = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    try:
+        _read_until(process, "checkpoint at step 60", lines, time.time() + 300)
+        os.killpg(process.pid, signal.SIGKILL)  # the driver and everything it started
+        process.wait(60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    run_dir = tmp_path / "convnet-digits"
+    newest = max(
+        int(name.split("_")[1])
+        for name in checkpoints(run_dir)
+        if (run_dir / name / "trainer.pt").exists() and (run_dir / name / ".metadata").exists()
+    )
+    assert newest >= 60
+
+    again = run(
+        ray_head,
+        tmp_path,
+        f"train.steps={newest + 20}",
+        "checkpoint.every_steps=20",
+        "checkpoint.keep=10",
+        "metrics.log_every=20",
+        summary=tmp_path / "again.json",
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    summary = json.loads((tmp_path / "again.json").read_text())
+    assert summary["resumed_from"]["checkpoint"] == str(run_dir / f"checkpoint_{newest:08d}")
+    assert f"resuming at step {newest}" in again.stdout and summary["steps"] == newest + 20
+
+    final = run_dir / f"checkpoint_{newest + 20:08d}"
+    shard = sorted(final.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # a write cut short
+    third = run(
+        ray_head,
+        tmp_path,
+        f"train.steps={newest + 40}",
+        "checkpoint.every_steps=20",
+        "checkpoint.keep=10",
+        "metrics.log_every=20",
+        summary=tmp_path / "third.json",
+    )
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    resumed = json.loads((tmp_path / "third.json").read_text())["resumed_from"]
+    assert resumed["checkpoint"] == str(run_dir / f"checkpoint_{newest:08d}") and resumed["step"] == newest
+    [skipped] = resumed["skipped"]
+    assert skipped["checkpoint"] == final.name
+    assert skipped["reason"].startswith(f"shard {shard.name} is truncated (100 of ")
+    assert f"skipped {final.name}: shard {shard.name} is truncated" in third.stdout
+    assert f"resuming at step {newest}" in third.stdout

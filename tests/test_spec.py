@@ -5,6 +5,7 @@ import copy
 import pytest
 import yaml
 
+from orchestrator.checks import job_problems
 from orchestrator.spec import JobSpec, SpecError, apply_overrides, load_spec, validate
 from tests.conftest import ROOT
 
@@ -17,11 +18,16 @@ BASE = {
 
 
 def problems_for(mutate) -> list[str]:
+    """What `validate` reports: the schema's problems, else the model and data registries'."""
     raw = copy.deepcopy(BASE)
     mutate(raw)
-    with pytest.raises(SpecError) as info:
-        validate(raw)
-    return info.value.problems
+    try:
+        spec = validate(raw)
+    except SpecError as err:
+        return err.problems
+    problems = job_problems(spec)
+    assert problems, "the spec was accepted"
+    return problems
 
 
 def setter(path: str, value):
@@ -64,20 +70,20 @@ BAD_FIELDS = [
         "image_size 8 is not divisible by patch_size 3",
     ),  # checked against the data's 8x8 images
     (setter("data.source", "imagenet"), "data.source", "'imagenet' is not allowed"),
-    (setter("data.batch_size", 0), "data.batch_size", "greater than or equal to 1"),
+    (setter("data.batch_size", 0), "data.batch_size", "0 is out of range; allowed: 1 to 1048576"),
     (setter("data.batch_size", "lots"), "data.batch_size", "integer"),
-    (setter("data.eval_split", 0.9), "data.eval_split", "less than or equal to 0.5"),
+    (setter("data.eval_split", 0.9), "data.eval_split", "0.9 is out of range; allowed: 0 to 0.5"),
     (setter("data.loader_workers", 1.5), "data.loader_workers", "integer"),
-    (setter("train.steps", -5), "train.steps", "greater than or equal to 1"),
+    (setter("train.steps", -5), "train.steps", "-5 is out of range; allowed: 1 to 1000000000"),
     (setter("train.epochs", 3), "train", "exactly one of train.steps or train.epochs"),
-    (setter("train.label_smoothing", 1.5), "train.label_smoothing", "less than 1"),
+    (setter("train.label_smoothing", 1.5), "train.label_smoothing", "allowed: >= 0 and < 1"),
     (
         setter("train.early_stopping", {"patience": 0}),
         "train.early_stopping.patience",
-        "greater than or equal to 1",
+        "0 is out of range; allowed: 1 to 1000000",
     ),
     (setter("optimizer.name", "adam"), "optimizer.name", "did you mean 'adamw'"),
-    (setter("optimizer.lr", 0), "optimizer.lr", "greater than 0"),
+    (setter("optimizer.lr", 0), "optimizer.lr", "0 is out of range; allowed: > 0 and <= 10"),
     (setter("optimizer.betas", [0.9, 1.2]), "optimizer.betas", "each beta must be in [0, 1)"),
     (setter("scheduler.name", "linear"), "scheduler.name", "'linear' is not allowed"),
     (setter("parallel.strategy", "zero3"), "parallel.strategy", "'zero3' is not allowed"),
@@ -85,18 +91,31 @@ BAD_FIELDS = [
     (setter("precision.compile", "maybe"), "precision.compile", "boolean"),
     (setter("kernels.attention", "cuda"), "kernels.attention", "'cuda' is not allowed"),
     (setter("kernels.softmax", "triton"), "kernels.softmax", "unknown field"),
-    (setter("resources.num_workers", 0), "resources.num_workers", "greater than or equal to 1"),
-    (setter("resources.gpus_per_worker", -1), "resources.gpus_per_worker", "greater than or equal"),
-    (setter("checkpoint.keep", 0), "checkpoint.keep", "greater than or equal to 1"),
+    (setter("resources.num_workers", 0), "resources.num_workers", "allowed: 1 to 4096"),
+    (setter("resources.gpus_per_worker", -1), "resources.gpus_per_worker", "allowed: 0 to 64"),
+    (setter("checkpoint.keep", 0), "checkpoint.keep", "allowed: 1 to 1000"),
     (setter("checkpoint.every_steps", "often"), "checkpoint.every_steps", "integer"),
     (
         setter("fault_tolerance.max_failures", -3),
         "fault_tolerance.max_failures",
-        "greater than or equal to -1",
+        "allowed: -1 to 1000",
     ),
-    (setter("scheduling.priority", 5000), "scheduling.priority", "less than or equal to 1000"),
-    (setter("metrics.prometheus_port", 70000), "metrics.prometheus_port", "less than or equal to 65535"),
-    (setter("metrics.log_every", 0), "metrics.log_every", "greater than or equal to 1"),
+    (setter("scheduling.priority", 5000), "scheduling.priority", "5000 is out of range; allowed: 0 to 1000"),
+    (setter("metrics.prometheus_port", 9100), "metrics.prometheus_port", "unknown field"),  # removed
+    (setter("scheduling.queue", "Fast Lane"), "scheduling.queue", "lowercase letters"),
+    (setter("scheduling.preemption_grace_s", 7200), "scheduling.preemption_grace_s", "allowed: 0 to 3600"),
+    (setter("scheduling.preemptible", "sometimes"), "scheduling.preemptible", "boolean"),
+    (setter("metrics.tensorboard", "maybe"), "metrics.tensorboard", "boolean"),
+    (setter("parallel.cpu_offload", True), "parallel.cpu_offload", "only applies to parallel.strategy"),
+    (setter("data", {"source": "parquet"}), "data.path", "required for source 'parquet'"),
+    (setter("model.overrides", {"depth": 10**30}), "model.overrides.depth", "must be 1 to 1048576"),
+    (setter("model.overrides", {"dropout": float("nan")}), "model.overrides.dropout", "finite"),
+    (
+        setter("model", {"family": "convnet", "preset": "convnet", "overrides": {"kernels": {}}}),
+        "model.overrides.kernels",
+        "the convnet family has no ops with fused kernels",
+    ),
+    (setter("metrics.log_every", 0), "metrics.log_every", "allowed: 1 to 1000000000"),
     (setter("name", "My Job!"), "name", "lowercase"),
     (lambda raw: raw.pop("name"), "name", "required field is missing"),
     (lambda raw: raw.pop("model"), "model", "required field is missing"),
@@ -189,6 +208,9 @@ def test_overrides_are_typed_by_the_schema(tmp_path):
     "override,words",
     [
         ("train.steps=abc", "train.steps: Input should be a valid integer"),
+        ("train.steps=1e12", "train.steps: Input should be a valid integer"),  # YAML 1.1: a string
+        ("train.steps=1000000000000", "train.steps: 1000000000000 is out of range"),
+        ("optimizer.lr=.inf", "optimizer.lr: must be a finite number (got inf)"),
         ("train.stpes=3", "train.stpes: unknown field; did you mean 'steps'"),
         ("precision.dtype=fp64", "precision.dtype: 'fp64' is not allowed"),
         ("train.steps", "expected KEY=VALUE"),
@@ -205,3 +227,91 @@ def test_bad_overrides_are_named(tmp_path, override, words):
 def test_apply_overrides_creates_missing_sections():
     raw = apply_overrides({"name": "x"}, ["precision.compile=true"])
     assert raw["precision"] == {"compile": True}
+
+
+def test_new_scheduling_and_metrics_fields_have_defaults():
+    spec = validate(copy.deepcopy(BASE))
+    assert spec.scheduling.queue == "default" and spec.scheduling.preemption_grace_s == 60.0
+    assert spec.scheduling.priority == 0 and spec.scheduling.preemptible is False
+    assert spec.metrics.tensorboard is False and spec.sweep is None
+    spec = validate(
+        {
+            **copy.deepcopy(BASE),
+            "scheduling": {"priority": 1000, "preemptible": True, "queue": "gpu-a", "preemption_grace_s": 0},
+            "metrics": {"tensorboard": True},
+        }
+    )
+    assert (spec.scheduling.queue, spec.scheduling.preemption_grace_s) == ("gpu-a", 0.0)
+    assert job_problems(spec) == []  # priorities and preemption are real settings now
+
+
+def _numeric_fields():
+    """(section, field, FieldInfo) of every int or float field reachable from JobSpec."""
+    import typing
+
+    from pydantic import BaseModel
+
+    seen, todo, fields = set(), [JobSpec], []
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            args = typing.get_args(field.annotation) or (field.annotation,)
+            for arg in [*args, *(a for t in args for a in typing.get_args(t))]:
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    todo.append(arg)
+            numeric = {int, float} & set(args) and bool not in args
+            if numeric and model.__name__ != "SweepParameter":  # low/high: checked against the field
+                fields.append((model.__name__, name, field))
+    return fields
+
+
+def test_every_number_in_the_schema_has_both_bounds():
+    fields = _numeric_fields()
+    assert len(fields) > 40
+    for section, name, field in fields:
+        if (section, name) == ("OptimizerSpec", "betas"):
+            continue  # a pair: its validator bounds each one (BAD_FIELDS above)
+        kinds = {type(m).__name__ for m in field.metadata}
+        assert kinds & {"Ge", "Gt"} and kinds & {"Le", "Lt"}, f"{section}.{name}: {kinds}"
+
+
+@pytest.mark.parametrize("module", ["orchestrator/spec.py", "orchestrator/sweep.py"])
+def test_the_spec_imports_nothing_of_the_data_plane(module):
+    """The schema is the contract both sides import: it must not import workers (or kernels),
+    not even inside a function, or the two packages depend on each other."""
+    import ast
+
+    tree = ast.parse((ROOT / module).read_text())
+    imported = []
+    for node in ast.walk(tree):  # every import, at any depth
+        if isinstance(node, ast.Import):
+            imported += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            imported.append("." * node.level + (node.module or ""))
+    assert imported, "the walk found no imports at all"
+    assert "yaml" in imported or module.endswith("sweep.py")
+    bad = [name for name in imported if name.split(".")[0] in ("workers", "kernels") or name.startswith(".")]
+    assert bad == [], f"{module} imports {bad}"
+
+
+def test_validating_a_sweep_loads_no_data_plane_module(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "job.yaml"
+    raw = {
+        **copy.deepcopy(BASE),
+        "sweep": {"method": "grid", "parameters": {"train.seed": {"values": [0, 1]}}},
+    }
+    path.write_text(yaml.safe_dump(raw))
+    code = (
+        "import sys; from orchestrator.spec import load_spec; load_spec(sys.argv[1]);"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'workers', 'kernels', 'torch'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

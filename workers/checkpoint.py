@@ -22,9 +22,13 @@ before it is complete.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import pickle
+import posixpath
 import random
+import re
 import shutil
 import warnings
 from concurrent.futures import Future
@@ -33,16 +37,109 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from workers import storage
+
 log = logging.getLogger("workers.checkpoint")
 
 TRAINER_FILE = "trainer.pt"
 METRICS_FILE = "metrics.jsonl"
+METADATA_FILE = ".metadata"
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d{8})$")
+
+
+def checkpoint_name(step: int) -> str:
+    """The directory name of the checkpoint at `step` (sorts by step)."""
+    return f"checkpoint_{step:08d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    match = CHECKPOINT_PATTERN.match(posixpath.basename(name.rstrip("/").partition("?")[0]))
+    return int(match.group(1)) if match else None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP pickles its .metadata; reading a checkpoint must never run code from it, so only
+    DCP's own metadata classes and a few plain types may be rebuilt."""
+
+    def find_class(self, module: str, name: str):
+        if module.startswith("torch.distributed.checkpoint.") or (module, name) in (
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),  # a layout by name
+            ("pathlib", "PosixPath"),  # where it was written
+            ("pathlib", "PurePosixPath"),
+            ("collections", "OrderedDict"),
+            ("builtins", "set"),
+            ("builtins", "frozenset"),
+        ):
+            return super().find_class(module, name)
+        if module == "torch":
+            value = getattr(torch, name, None)
+            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+                return value
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of checkpoint metadata")
+
+
+def incomplete_reason(uri: str) -> str | None:
+    """None when the checkpoint at `uri` (any storage) is complete, else why it is not.
+
+    The one definition of a complete checkpoint: its trainer state is readable, every rank's
+    RNG file is there, DCP's metadata is readable, and every shard file it names holds all
+    the bytes the metadata points into (a write killed half-way leaves a short file)."""
+    fs, path = storage.resolve(uri)
+    try:
+        with fs.open_input_stream(posixpath.join(path, TRAINER_FILE)) as src:
+            trainer_state = torch.load(io.BytesIO(src.read()), weights_only=True)
+        world_size, step = int(trainer_state["world_size"]), int(trainer_state["step"])
+    except FileNotFoundError:
+        return f"no {TRAINER_FILE}"
+    except Exception as err:  # truncated or not ours
+        return f"{TRAINER_FILE} is unreadable ({type(err).__name__})"
+    if checkpoint_step(path) not in (None, step):
+        return f"{TRAINER_FILE} is for step {step}"
+    names = {posixpath.basename(i.path): i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))}
+    missing = [f"rng/rank_{r:05d}.pt" for r in range(world_size) if f"rank_{r:05d}.pt" not in names]
+    if missing:
+        return f"missing {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+    try:
+        with fs.open_input_stream(posixpath.join(path, METADATA_FILE)) as src:
+            metadata = _MetadataUnpickler(io.BytesIO(src.read())).load()
+    except FileNotFoundError:
+        return f"no {METADATA_FILE}"
+    except Exception as err:
+        return f"{METADATA_FILE} is unreadable ({type(err).__name__})"
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        relative = str(info.relative_path)
+        needed[relative] = max(needed.get(relative, 0), int(info.offset) + int(info.length))
+    for relative, size in sorted(needed.items()):
+        found = names.get(posixpath.basename(relative))
+        if found is None:
+            return f"missing shard {relative}"
+        if found.size is not None and found.size < size:
+            return f"shard {relative} is truncated ({found.size} of {size} bytes)"
+    return None
+
+
+def newest_complete(run_uri: str) -> tuple[str | None, list[dict]]:
+    """(the newest complete checkpoint of a run, [{"checkpoint", "reason"}] of the newer
+    ones skipped because they are incomplete); (None, ...) when there is none."""
+    skipped = []
+    for name in sorted(storage.list_dirs(run_uri), reverse=True):
+        if checkpoint_step(name) is None:
+            continue
+        uri = storage.join(run_uri, name)
+        reason = incomplete_reason(uri)
+        if reason is None:
+            return uri, skipped
+        skipped.append({"checkpoint": name, "reason": reason})
+    return None, skipped
 
 
 class CheckpointError(RuntimeError):
@@ -194,10 +291,9 @@ def load(
 ) -> tuple[dict, list[dict]]:
     """Restore model, optimizer and RNG in place; return (trainer_state, metrics history)."""
     directory = Path(directory)
-    if not (directory / TRAINER_FILE).exists() or not (directory / ".metadata").exists():
-        raise CheckpointError(
-            f"'{directory}' is not a complete checkpoint (missing {TRAINER_FILE} or .metadata)"
-        )
+    reason = incomplete_reason(str(directory))
+    if reason is not None:
+        raise CheckpointError(f"'{directory}' is not a complete checkpoint: {reason}")
     # plain containers and tensors only: nothing in a checkpoint may run code when read
     trainer_state = torch.load(directory / TRAINER_FILE, weights_only=True)
     model_state, optim_state = get_state_dict(model, optimizer)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -22,10 +21,9 @@ import torch.distributed as dist
 
 from orchestrator.spec import JobSpec
 from workers import storage
+from workers.checkpoint import checkpoint_name, checkpoint_step, incomplete_reason, newest_complete
 
 log = logging.getLogger("workers")
-
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d{8})$")
 
 
 def run_name(spec: JobSpec) -> str:
@@ -51,8 +49,16 @@ class RunContext:
 
     def setup(self) -> None: ...
 
+    # set by resume_from: {"checkpoint": uri, "step": n, "skipped": [...]} or None
+    resumed_from: dict | None = None
+
     def resume_from(self) -> str | None:
         """A local directory holding the checkpoint to continue from, or None."""
+        return None
+
+    def stop_requested(self) -> str | None:
+        """A request to checkpoint and stop ("preempt" or "stop"), or None. Called by rank 0
+        at logging steps; must return at once (no remote call on the training thread)."""
         return None
 
     def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
@@ -68,6 +74,28 @@ class RunContext:
     def finish(self, summary: dict) -> None: ...
 
     def teardown(self) -> None: ...
+
+
+def checkpoint_to_resume(ctx: RunContext, resume: str | None = None) -> str | None:
+    """The checkpoint a run continues from, per `resume` (default `checkpoint.resume`), noting
+    in `ctx.resumed_from` which one and why (newer ones skipped as incomplete)."""
+    resume = resume or ctx.spec.checkpoint.resume
+    if resume == "never":
+        return None
+    if resume == "auto":
+        uri, skipped = newest_complete(ctx.run_uri)
+        for s in skipped:
+            log.warning("skipping %s: incomplete checkpoint (%s)", s["checkpoint"], s["reason"])
+    else:
+        uri, skipped = resume, []
+        if not storage.exists(uri):
+            raise FileNotFoundError(f"checkpoint.resume: no checkpoint at '{uri}'")
+        reason = incomplete_reason(uri)
+        if reason is not None:
+            raise FileNotFoundError(f"checkpoint.resume: '{uri}' is not a complete checkpoint: {reason}")
+    if uri is not None or skipped:
+        ctx.resumed_from = {"checkpoint": uri, "step": checkpoint_step(uri) if uri else 0, "skipped": skipped}
+    return uri
 
 
 def pick_device(want_gpu: bool, local_rank: int) -> torch.device:
@@ -103,24 +131,10 @@ class LocalContext(RunContext):
 
     # -- checkpoints --------------------------------------------------------------
 
-    def _checkpoints(self) -> list[str]:
-        """Complete checkpoints of this run, oldest first."""
-        names = [n for n in storage.list_dirs(self.run_uri) if CHECKPOINT_PATTERN.match(n)]
-        return [n for n in names if storage.exists(storage.join(self.run_uri, n, "trainer.pt"))]
-
     def resume_from(self) -> str | None:
-        resume = self.spec.checkpoint.resume
-        if resume == "never":
+        uri = checkpoint_to_resume(self)
+        if uri is None:
             return None
-        if resume == "auto":
-            found = self._checkpoints()
-            if not found:
-                return None
-            uri = storage.join(self.run_uri, found[-1])
-        else:
-            uri = resume
-            if not storage.exists(uri):
-                raise FileNotFoundError(f"checkpoint.resume: no checkpoint at '{uri}'")
         if storage.is_local(uri):
             return storage.resolve(uri)[1]
         local = self._tmp / "resume"
@@ -128,11 +142,11 @@ class LocalContext(RunContext):
         return str(local)
 
     def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
-        uri = storage.join(self.run_uri, f"checkpoint_{step:08d}")
+        uri = storage.join(self.run_uri, checkpoint_name(step))
         if storage.is_local(uri):
             write(storage.resolve(uri)[1])
         else:
-            local = self._tmp / f"checkpoint_{step:08d}"
+            local = self._tmp / checkpoint_name(step)
             write(str(local))
             storage.upload(local, uri)  # each rank uploads its own shard files
             shutil.rmtree(local, ignore_errors=True)
@@ -143,7 +157,8 @@ class LocalContext(RunContext):
         return uri
 
     def _prune(self) -> None:
-        for name in self._checkpoints()[: -self.spec.checkpoint.keep]:
+        names = sorted(n for n in storage.list_dirs(self.run_uri) if checkpoint_step(n) is not None)
+        for name in names[: -self.spec.checkpoint.keep]:
             storage.delete_dir(storage.join(self.run_uri, name))
 
     # -- metrics --------------------------------------------------------------------

@@ -26,11 +26,6 @@ from workers.precision import mixed_precision_policy
 
 log = logging.getLogger("workers")
 
-STRATEGIES = ("none", "ddp", "fsdp2")  # what this build runs
-ACTIVATION_CHECKPOINTING = True
-SHARDED_GRAD_SCALER = True  # fp16 under FSDP2: ShardedGradScaler (workers/precision.py)
-ASYNC_CHECKPOINT = True  # checkpoint.async: dcp.async_save (workers/checkpoint.py)
-
 
 def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device

@@ -19,9 +19,6 @@ import torch
 
 from orchestrator.spec import PrecisionSpec
 
-DTYPES = ("fp32", "bf16", "fp16", "fp8")  # what this build runs
-COMPILE = True
-
 # fp8 runs everything that is not a float8 Linear in bf16
 LOW_PRECISION = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 

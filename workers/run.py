@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 
-from orchestrator.spec import JobSpec, SpecError, load_spec, unimplemented
+from orchestrator.checks import data_problems, job_problems
+from orchestrator.spec import JobSpec, SpecError, load_spec
 from workers.context import LocalContext
 from workers.trainer import train
 
@@ -40,6 +41,14 @@ def print_summary(summary: dict) -> None:
 
 def run_local(spec: JobSpec, summary_path: str | None = None) -> int:
     """Train in this process (one of torchrun's, or alone); returns the exit status."""
+    problems = data_problems(spec)  # where the job runs, before anything starts
+    if problems:
+        for problem in problems:
+            print(f"error: {spec.name}: {problem}", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # torchrun: every rank checks, the first one writes
+            summary = {"job": spec.name, "status": "failed", "reason": problems[0], "steps": None}
+            write_summary({**summary, "checkpoint": None, "samples_per_s": 0.0}, summary_path)
+        return 1
     ctx = LocalContext(spec)
     try:
         summary = train(spec, ctx)
@@ -77,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"resources.num_workers={os.environ['WORLD_SIZE']}")
     try:
         spec = load_spec(args.spec, overrides)
-        problems = unimplemented(spec)
+        problems = job_problems(spec)
         if problems:
             raise SpecError(problems, args.spec)
     except SpecError as err:

@@ -55,6 +55,10 @@ def padded_logits(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     return logits, logits.shape[-1]
 
 
+# what rank 0 puts into the all-reduce for a stop request
+STOP_CODES = {None: 0, "stop": 1, "preempt": 2}
+
+
 class TrainingError(RuntimeError):
     """The run cannot go on (non-finite loss, ...); its last good checkpoint is kept."""
 
@@ -121,6 +125,7 @@ class Trainer:
         self.checkpoint_blocked_s, self.checkpoint_saves = 0.0, 0
         self.state = TrainState()
         self.last_checkpoint: str | None = None
+        self.last_saved_step: int | None = None
 
     # -- loss and evaluation ------------------------------------------------------------
 
@@ -194,7 +199,6 @@ class Trainer:
             "scaler": self.precision.scaler.state_dict(),
             "best_eval_loss": self.state.best_eval_loss,
             "evals_without_improvement": self.state.evals_without_improvement,
-            "epoch_position": list(self.batches.position(self.state.step)),
             "model": json.dumps(self.spec.model.model_dump(mode="json")),  # for `orchestrator export`
         }
         last = self.state.history[-1] if self.state.history else {}
@@ -218,6 +222,7 @@ class Trainer:
             )
 
         self.last_checkpoint = self.ctx.save_checkpoint(self.state.step, write, last)
+        self.last_saved_step = self.state.step
 
     def _staging_dir(self, step: int) -> Path:
         """Where async shard files are written first: next to the checkpoints when the storage
@@ -239,6 +244,7 @@ class Trainer:
             return
         pending.wait()
         self.last_checkpoint = self.ctx.save_checkpoint(pending.step, pending.publish, pending.metrics)
+        self.last_saved_step = pending.step
         shutil.rmtree(pending.staging, ignore_errors=True)
         for empty in (pending.staging.parent, pending.staging.parent.parent):  # <run>, .staging
             with contextlib.suppress(OSError):
@@ -318,7 +324,12 @@ class Trainer:
                     state.step % spec.checkpoint.every_steps == 0
                 )
                 if logging_now or checkpoint_now:
-                    loss_sum, bad = _all_reduce_sum([loss.item(), float(nonfinite.item())], self.device)
+                    # rank 0 folds a stop request into the all-reduce the step makes anyway: every
+                    # rank learns of it at the same step, for no extra communication
+                    stop_code = STOP_CODES.get(ctx.stop_requested(), 0) if ctx.is_main else 0
+                    loss_sum, bad, stop = _all_reduce_sum(
+                        [loss.item(), float(nonfinite.item()), float(stop_code)], self.device
+                    )
                     if bad:
                         raise TrainingError(f"loss is not finite at or before step {state.step}")
                     now = time.perf_counter()
@@ -339,6 +350,10 @@ class Trainer:
                         if ctx.is_main:
                             ctx.log_metrics(record)
                         progress.update(state.step, record["loss"], rate, record["lr"])
+                    if stop and state.step < self.total_steps:  # at the last step: just finish
+                        status = "preempted" if stop == STOP_CODES["preempt"] else "stopped"
+                        reason = f"{status} at step {state.step}"
+                        break
                 if (
                     spec.train.eval_every
                     and state.step % spec.train.eval_every == 0
@@ -361,13 +376,13 @@ class Trainer:
         self.publish_pending()  # an async checkpoint still being written (a good one, even on failure)
         elapsed = time.perf_counter() - start
         eval_metrics = {}
-        if status != "failed":
+        if status in ("succeeded", "stopped_early"):
             eval_metrics = self.evaluate()
             if eval_metrics:
                 self._log_eval(eval_metrics, progress)
-            if self.last_checkpoint is None or not self.last_checkpoint.endswith(f"{state.step:08d}"):
-                self.save()
-                self.publish_pending()
+        if status != "failed" and self.last_saved_step != state.step:
+            self.save()  # the final step; or the step a preempted or stopped run resumes from
+            self.publish_pending()
         samples_per_s = rates["samples_per_s"] or rate
         train_losses = [r["loss"] for r in state.history if "loss" in r]
         summary = {
@@ -385,6 +400,7 @@ class Trainer:
             "world_size": ctx.world_size,
             "checkpoint": self.last_checkpoint,
             "restarts": ctx.restarts,
+            "resumed_from": ctx.resumed_from,
             "elapsed_s": elapsed,
             "throughput": rates,
             "compile_s": rates.get("compile_s"),

@@ -38,8 +38,9 @@ def register(sub) -> None:
     add_address_argument(logs)
     logs.set_defaults(handler=handle_logs)
 
-    stop = sub.add_parser("stop", help="stop a running job")
+    stop = sub.add_parser("stop", help="stop a job: it checkpoints first (queued jobs just leave the queue)")
     stop.add_argument("job_id", metavar="ID")
+    stop.add_argument("--now", action="store_true", help="kill it at once, without a checkpoint")
     add_address_argument(stop)
     stop.set_defaults(handler=handle_stop)
 
@@ -58,7 +59,7 @@ def with_cluster_errors(handler):
 
     @functools.wraps(handler)
     def wrapped(args) -> int:
-        from orchestrator.cluster import ClusterError
+        from orchestrator.ray.cluster import ClusterError
 
         try:
             return handler(args)
@@ -71,7 +72,7 @@ def with_cluster_errors(handler):
 
 def _call(args, method: str, *params):
     """client.<method>(*params), with errors turned into lines a person can act on."""
-    from orchestrator.cluster import jobs_client, translate
+    from orchestrator.ray.cluster import jobs_client, translate
 
     client = jobs_client(args.address)
     try:
@@ -113,8 +114,63 @@ def _job_name(job) -> str:
     return " ".join(words)
 
 
+def _queued_job(args, method: str, *params):
+    """Ask the orchestrator service about a job it knows; None when there is no service or it
+    does not know the id (then the id is a Ray Job submission id)."""
+    from orchestrator.scheduler import client
+
+    address = getattr(args, "address", None)
+    if client.service_address(address) is None:
+        return None
+    with client.connected_service(address) as service:
+        if service is None:
+            return None
+        try:
+            return client.call(getattr(service, method), *params)
+        except client.ServiceError as err:
+            if "no job" in str(err):
+                return None
+            raise UsageError(str(err)) from None
+
+
+def print_queued_job(job: dict) -> None:
+    import datetime
+
+    def when(t):
+        return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+    step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job.get("step"))
+    print(f"{job['id']}: {job['state']}")
+    print(
+        f"  job:        {job['name']} (run {job['run']}), priority {job['priority']}, queue {job['queue']}"
+        + (", preemptible" if job["preemptible"] else "")
+    )
+    print(
+        f"  workers:    {job['workers']} x " + ", ".join(f"{v:g} {k}" for k, v in job["per_worker"].items())
+    )
+    print(
+        f"  step:       {step}   attempts: {job['attempt']}   preemptions: {job['preemptions']}"
+        f"   steps lost: {job['steps_lost']}"
+    )
+    if job.get("last_checkpoint"):
+        print(f"  checkpoint: {job['last_checkpoint']}")
+    if job.get("submission"):
+        print(f"  Ray Job:    {job['submission_id'] or job['submission']}")
+    if job.get("note") or job.get("reason"):
+        print(f"  note:       {job.get('note') or job.get('reason')}")
+    print("  history:")
+    for event in job.get("history", []):
+        detail = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("time", "event"))
+        print(f"    {when(event['time'])}  {event['event']}" + (f" ({detail})" if detail else ""))
+
+
 @with_cluster_errors
 def handle_status(args) -> int:
+    if args.job_id is not None:
+        job = _queued_job(args, "status", args.job_id)
+        if job is not None:
+            print_queued_job(job)
+            return 0
     if args.job_id is None:
         _, jobs = _call(args, "list_jobs")
         if not jobs:
@@ -209,6 +265,14 @@ def follow(client, job_id: str) -> int:
 def handle_stop(args) -> int:
     import time
 
+    job = _queued_job(args, "stop", args.job_id, args.now)
+    if job is not None:
+        if job["state"] == "stopping":
+            print(f"{job['id']}: stop requested; it checkpoints at its next logging step, then stops")
+        else:
+            print(f"{job['id']}: {job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""))
+        return 0
+    # a Ray Job the service does not know: Ray's own stop (SIGTERM, then SIGKILL)
     client, stopped = _call(args, "stop_job", args.job_id)
     if not stopped:
         job = client.get_job_info(args.job_id)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.spec import SpecError, load_spec, unimplemented
+import argparse
+
+from orchestrator.spec import JobSpec, SpecError, load_spec
 
 
 def register(sub) -> None:
@@ -15,18 +17,26 @@ def register(sub) -> None:
     )
     parser.add_argument("--summary", metavar="PATH", help="write a JSON summary here at the end")
     parser.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start one)")
+    # set by the orchestrator service on the drivers it starts: run that queued job
+    parser.add_argument("--job-id", help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
 
 
-def load_runnable(path: str, overrides: list[str]):
+def load_runnable(path: str, overrides: list[str]) -> JobSpec:
+    """The spec, checked as `validate` checks it (schema and model/data registries), or
+    SpecError. Data availability is checked where the job runs, not here."""
     spec = load_spec(path, overrides)
-    problems = unimplemented(spec)
+    from orchestrator.checks import job_problems  # after reading: it loads the model registry (torch)
+
+    problems = job_problems(spec)
     if problems:
         raise SpecError(problems, path)
     return spec
 
 
 def handle(args) -> int:
+    from orchestrator.cli import UsageError
+
     if args.local:
         from workers.run import run_local
 
@@ -36,4 +46,9 @@ def handle(args) -> int:
     from orchestrator import driver
 
     spec = load_runnable(args.spec, args.overrides)
-    return driver.run(spec, address=args.address, summary_path=args.summary)
+    if spec.sweep is not None:
+        raise UsageError(
+            f"{args.spec} is a sweep: queue its trials with `orchestrator submit {args.spec}`"
+            " (an orchestrator service runs them)"
+        )
+    return driver.run(spec, address=args.address, summary_path=args.summary, job_id=args.job_id)

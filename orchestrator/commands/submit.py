@@ -25,7 +25,13 @@ def register(sub) -> None:
     parser = sub.add_parser("submit", help="submit a job to a Ray cluster (Ray Jobs API)")
     add_spec_arguments(parser)
     add_address_argument(parser)
-    parser.add_argument("--wait", action="store_true", help="stream the job's logs and exit with its status")
+    parser.add_argument("--wait", action="store_true", help="follow the job and exit with its status")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        metavar="N",
+        help="queue priority, 0..1000 (higher first); same as --set scheduling.priority=N",
+    )
     parser.add_argument(
         "--id", dest="submission_id", metavar="ID", help="submission id (default: <job name>-<time>-<random>)"
     )
@@ -63,10 +69,16 @@ def entrypoint(spec_path: str, overrides: list[str], working_dir: Path) -> str:
 
 @with_cluster_errors
 def handle(args) -> int:
-    from orchestrator.cluster import jobs_client, translate
     from orchestrator.commands.run import load_runnable
+    from orchestrator.ray.cluster import jobs_client, translate
     from orchestrator.spec import apply_overrides, read_yaml
 
+    if args.priority is not None:
+        args.overrides = [*args.overrides, f"scheduling.priority={args.priority}"]
+    if not args.no_validate:
+        queued = submit_to_service(args)
+        if queued is not None:
+            return queued
     if args.no_validate:
         raw = apply_overrides(read_yaml(args.spec), args.overrides)
         name = str(raw.get("name") or Path(args.spec).stem)
@@ -102,3 +114,96 @@ def handle(args) -> int:
         print(f"follow it with: orchestrator logs {job_id} --follow", file=sys.stderr)
         return 0
     return follow(client, job_id)
+
+
+def submit_to_service(args) -> int | None:
+    """Queue the job (or a sweep's trials) with the orchestrator service when one is reachable;
+    None when there is none (the job then goes to Ray Jobs, and its driver queues it itself)."""
+    from orchestrator.commands.run import load_runnable
+    from orchestrator.scheduler import client
+    from orchestrator.spec import apply_overrides, read_yaml, validate
+
+    raw = apply_overrides(read_yaml(args.spec), args.overrides)
+    has_sweep = isinstance(raw, dict) and "sweep" in raw
+    with client.connected_service(args.address, required=has_sweep) as service:
+        if service is None:
+            return None
+        base = load_runnable(args.spec, args.overrides)  # bad specs (and sweeps) fail here, exit 2
+        if has_sweep:
+            from orchestrator import sweep as sweeps
+
+            trials = sweeps.expand(raw)
+            specs = [validate(trial, f"{args.spec} ({name})") for name, trial in trials]
+            options = [
+                {
+                    "job_id": name,
+                    "sweep": base.name,
+                    "sweep_params": sweeps.params_of(raw, trial),
+                    "sweep_metric": base.sweep.metric,
+                    "sweep_mode": base.sweep.mode,
+                    "sweep_max_concurrent": base.sweep.max_concurrent,
+                }
+                for name, trial in trials
+            ]
+        else:
+            specs, options = [base], [{}]
+        working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
+        package = client.zip_project(working_dir)
+        ids = []
+        for spec, option in zip(specs, options):
+            storage = spec.checkpoint.storage
+            if "://" not in storage and not os.path.isabs(storage):  # as seen from here
+                spec.checkpoint.storage = os.path.abspath(os.path.expanduser(storage))
+            try:
+                view = client.call(service.submit, client.spec_json(spec), option, package)
+            except client.ServiceError as err:
+                raise UsageError(str(err)) from None
+            ids.append(view["id"])
+            print(view["id"], flush=True)
+        if has_sweep:
+            print(
+                f"sweep {raw['name']}: {len(ids)} trials queued; rank them with `orchestrator sweep "
+                f"{raw['name']}`",
+                file=sys.stderr,
+            )
+        if not args.wait:
+            print(
+                f"follow it with: orchestrator status {ids[0]}   (the queue: orchestrator queue)",
+                file=sys.stderr,
+            )
+            return 0
+        return follow_queued(service, ids)
+
+
+def follow_queued(service, job_ids: list[str], poll_s: float = 1.0) -> int:
+    """Print each job's history as it happens, and its progress, until all have ended; exit 0 only
+    if all succeeded."""
+    from orchestrator.scheduler import client
+
+    seen = {job_id: 0 for job_id in job_ids}
+    last_step: dict[str, int | None] = {}
+    states: dict[str, str] = {}
+    while True:
+        for job_id in job_ids:
+            job = client.call(service.status, job_id)
+            for event in job["history"][seen[job_id] :]:
+                detail = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("time", "event"))
+                print(f"[{job_id}] {event['event']}" + (f" ({detail})" if detail else ""), flush=True)
+            seen[job_id] = len(job["history"])
+            if job["state"] == "running" and job.get("step") != last_step.get(job_id):
+                last_step[job_id] = job.get("step")
+                total = f"/{job['total_steps']}" if job.get("total_steps") else ""
+                eta = job.get("remaining_s")
+                print(
+                    f"[{job_id}] step {job.get('step')}{total}"
+                    + (f", about {eta:.0f} s left" if eta else ""),
+                    flush=True,
+                )
+            states[job_id] = job["state"]
+        if all(state in ("succeeded", "failed", "stopped") for state in states.values()):
+            break
+        time.sleep(poll_s)
+    failed = [j for j, state in states.items() if state != "succeeded"]
+    for job_id in failed:
+        print(f"error: job {job_id} {states[job_id]}", file=sys.stderr)
+    return 1 if failed else 0

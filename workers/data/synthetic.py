@@ -22,7 +22,8 @@ _MAX_STEP = 7
 
 
 def _item_generator(seed: int, i: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + i)
+    # modulo: torch seeds are 64-bit, and the spec allows seeds up to 2**63 - 1
+    return torch.Generator().manual_seed((seed * 1_000_003 + i) % 2**63)
 
 
 class SyntheticImages(Dataset):

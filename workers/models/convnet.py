@@ -17,7 +17,6 @@ class Config:
     hidden: int = 256
     batch_norm: bool = False
     dropout: float = 0.0
-    kernels: dict[str, str] = field(default_factory=dict)  # no kernel-backed ops; kept for uniformity
 
 
 PRESETS: dict[str, dict] = {

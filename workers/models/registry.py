@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import types
 import typing
 from typing import Any, Literal, Union
@@ -59,6 +60,9 @@ def check(family: str, preset: str, overrides: dict | None, data_info: Any = Non
     hints = typing.get_type_hints(module.Config)
     for key, value in overrides.items():
         path = f"overrides.{key}"
+        if key == "kernels" and key not in hints:
+            problems.append((path, f"the {family} family has no ops with fused kernels; {_KERNELS_HINT}"))
+            continue
         if key not in hints:
             close = difflib.get_close_matches(str(key), list(hints), n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(hints)}"
@@ -91,7 +95,10 @@ def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f"{mean} choose from: {', '.join(choices)}"
 
 
+_KERNELS_HINT = "the job's kernels section (e.g. kernels.cross_entropy) still picks the loss kernel"
 _NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+MAX_INT = 2**20  # no size or count in these configs comes near it (GPT-2's vocabulary: 50,257)
+MAX_FLOAT = 1000.0  # ratios and probabilities
 
 
 def _type_problem(value: Any, tp: Any) -> str | None:
@@ -142,7 +149,8 @@ def _describe(tp: Any) -> str:
 
 
 def _range_problem(key: str, value: Any, tp: Any) -> str | None:
-    """Generic bounds: every int in these configs is a size or count, dropout is a probability."""
+    """Generic bounds: every int in these configs is a size or count (1 to MAX_INT), every float
+    a finite ratio (dropout: a probability)."""
     if key == "kernels":
         for op, impl in value.items():
             if op not in KERNEL_OPS:
@@ -153,20 +161,33 @@ def _range_problem(key: str, value: Any, tp: Any) -> str | None:
     if isinstance(value, bool) or value is None:
         return None
     if tp is float:
-        value = float(value)  # YAML's 0 for a float field is 0.0
-    if isinstance(value, int) and value < 1:
-        return f"must be >= 1, got {value}"
+        try:
+            value = float(value)  # YAML's 0 for a float field is 0.0
+        except OverflowError:
+            return f"must be > 0 and <= {MAX_FLOAT:g}, got {_short(value)}"
+    if isinstance(value, int) and not 1 <= value <= MAX_INT:
+        return f"must be 1 to {MAX_INT}, got {_short(value)}"
     if isinstance(value, (list, tuple)):
         if not value:
             return "must not be empty"
-        bad = [v for v in value if v < 1]
-        return f"every item must be >= 1, got {bad[0]}" if bad else None
+        bad = [v for v in value if not 1 <= v <= MAX_INT]
+        return f"every item must be 1 to {MAX_INT}, got {_short(bad[0])}" if bad else None
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return f"must be a finite number, got {value}"
         if key == "dropout" and not 0.0 <= value < 1.0:
             return f"must be in [0, 1), got {value}"
-        if key != "dropout" and value <= 0.0:
-            return f"must be > 0, got {value}"
+        if key != "dropout" and not 0.0 < value <= MAX_FLOAT:
+            return f"must be > 0 and <= {MAX_FLOAT:g}, got {value}"
     return None
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    try:
+        text = str(value)
+    except ValueError:  # an integer too long to print
+        return "a huge integer"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --- assembly -------------------------------------------------------------------------
@@ -187,7 +208,8 @@ def make_config(
     if problems:
         raise ValueError("invalid model spec: " + "; ".join(f"model.{p}: {m}" for p, m in problems))
     cfg = _assemble(family, preset, overrides or {}, data_info)
-    cfg.kernels = {**cfg.kernels, **(kernels or {})}
+    if hasattr(cfg, "kernels"):  # families without kernel-backed ops (convnet, resnet) have none
+        cfg.kernels = {**cfg.kernels, **(kernels or {})}
     return cfg
 
 

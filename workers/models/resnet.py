@@ -25,7 +25,6 @@ class Config:
     small_stem: bool | None = None  # None: a 3x3/1 stem without maxpool when image_size <= 64
     zero_init_residual: bool = True  # last BN of each block starts at 0: blocks start as identity
     dropout: float = 0.0
-    kernels: dict[str, str] = field(default_factory=dict)  # no kernel-backed ops; kept for uniformity
 
 
 PRESETS: dict[str, dict] = {

@@ -39,8 +39,7 @@ PRESETS: dict[str, dict] = {
     ),
     "vit_tiny": dict(dim=192, depth=12, heads=3),
     "vit_small": dict(dim=384, depth=12, heads=6),
-    "vit_base": dict(dim=768, depth=12, heads=12),
-    "vit_b16": dict(dim=768, depth=12, heads=12),
+    "vit_b16": dict(dim=768, depth=12, heads=12),  # ViT-Base, patch 16 (timm vit_base_patch16_224)
     "vit_large": dict(dim=1024, depth=24, heads=16),
     "vit_huge": dict(dim=1280, depth=32, heads=16, patch_size=14),
 }

@@ -3,8 +3,9 @@
 The loop (`workers.trainer.train`) is the same as under torchrun; `RayContext` only changes
 how a worker learns its rank (Ray Train's context), how checkpoints are saved (each rank
 writes its part to a local directory and `ray.train.report` merges them into
-`<storage>/<run>/checkpoint_<step>`), where the checkpoint to resume from comes from, and
-where metrics go (the driver's `MetricsSink`, never `ray.train.report`).
+`<storage>/<run>/checkpoint_<step>`), where metrics go (the run's `RunState` actor, never
+`ray.train.report`), and how a stop request reaches the loop (rank 0 polls the actor from a
+background thread; the loop reads a flag).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,19 +26,20 @@ import torch
 
 from orchestrator.spec import JobSpec
 from workers import storage
-from workers.checkpoint import CheckpointError
-from workers.context import CHECKPOINT_PATTERN, RunContext
+from workers.checkpoint import CheckpointError, checkpoint_name
+from workers.context import RunContext, checkpoint_to_resume
 
-SEND_EVERY_S = 0.5  # how often rank 0 hands its metrics records to the driver's sink
+SEND_EVERY_S = 0.5  # how often rank 0 hands its metrics records to the run's state actor
+STOP_POLL_S = 1.0  # how often rank 0 asks whether the run should stop
 
 
 class RayContext(RunContext):
-    # the driver prints progress from the sink; a print per record here would only cost time
-    # (Ray captures worker output into its log files)
+    # the driver prints progress from the run's state actor; a print per record here would only
+    # cost time (Ray captures worker output into its log files)
     shows_progress = False
 
-    def __init__(self, spec: JobSpec, run: str, sink):
-        self.spec, self.name, self.sink = spec, run, sink
+    def __init__(self, spec: JobSpec, run: str, state):
+        self.spec, self.name, self.state = spec, run, state
         self.run_uri = storage.join(spec.checkpoint.storage, run)
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
@@ -44,8 +47,10 @@ class RayContext(RunContext):
         self.local_rank = context.get_local_rank()
         self.attempt = 0
         self._tmp = Path(tempfile.mkdtemp(prefix="orchestrator-"))
-        self._pending: list[dict] = []  # metrics records not yet sent to the sink
+        self._pending: list[dict] = []  # metrics records not yet sent
         self._sent_at = time.monotonic()
+        self._stop: str | None = None
+        self._polling = threading.Event()
 
     def setup(self) -> None:
         # Ray Train has already joined the process group (gloo on CPU, NCCL on GPU)
@@ -55,40 +60,40 @@ class RayContext(RunContext):
             self.device = get_device()
         else:
             self.device = torch.device("cpu")
-        group = ray.get_runtime_context().get_placement_group_id() or "no-placement-group"
+        runtime = ray.get_runtime_context()
+        group = runtime.get_placement_group_id() or "no-placement-group"
         self.attempt = ray.get(
-            self.sink.join.remote(
-                group, self.rank, self.world_size, os.getpid(), ray.util.get_node_ip_address()
+            self.state.join.remote(
+                group,
+                self.rank,
+                self.world_size,
+                os.getpid(),
+                ray.util.get_node_ip_address(),
+                runtime.get_node_id(),
             )
         )
         self.restarts = self.attempt
+        if self.is_main:
+            threading.Thread(target=self._poll_stop, name="stop-poller", daemon=True).start()
+
+    def _poll_stop(self) -> None:
+        while not self._polling.is_set():
+            try:
+                self._stop = ray.get(self.state.stop_requested.remote(), timeout=10) or self._stop
+            except Exception:  # the driver is gone or busy: keep training, ask again later
+                pass
+            self._polling.wait(STOP_POLL_S)
+
+    def stop_requested(self) -> str | None:
+        return self._stop
 
     # -- checkpoints ----------------------------------------------------------------------
 
     def resume_from(self) -> str | None:
-        latest = ray.train.get_checkpoint()  # the newest checkpoint Ray registered for this run
-        resume = self.spec.checkpoint.resume
-        if latest is not None and (self.attempt > 0 or resume == "auto"):
-            return self._local(latest.filesystem, latest.path)
-        if resume == "never":
-            return None
-        if resume == "auto":
-            uri = self._newest_complete()  # e.g. written by torchrun, or Ray's index was lost
-            return self._local(*storage.resolve(uri)) if uri else None
-        if not storage.exists(resume):
-            raise FileNotFoundError(f"checkpoint.resume: no checkpoint at '{resume}'")
-        return self._local(*storage.resolve(resume))
-
-    def _newest_complete(self) -> str | None:
-        for name in reversed(storage.list_dirs(self.run_uri)):
-            uri = storage.join(self.run_uri, name)
-            if (
-                CHECKPOINT_PATTERN.match(name)
-                and storage.exists(storage.join(uri, "trainer.pt"))
-                and storage.exists(storage.join(uri, ".metadata"))
-            ):
-                return uri
-        return None
+        # the newest complete checkpoint in storage, whichever index (Ray's or none) knows it;
+        # a restarted worker group always continues its own run
+        uri = checkpoint_to_resume(self, "auto" if self.attempt > 0 else None)
+        return self._local(*storage.resolve(uri)) if uri else None
 
     def _local(self, fs: pafs.FileSystem, path: str) -> str:
         """A checkpoint as a local directory: read in place when local, else downloaded."""
@@ -101,7 +106,7 @@ class RayContext(RunContext):
         return str(local)
 
     def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
-        name = f"checkpoint_{step:08d}"
+        name = checkpoint_name(step)
         local = self._tmp / name
         write(str(local))
         # every rank reports its own files; Ray merges them into one directory in storage and
@@ -115,7 +120,7 @@ class RayContext(RunContext):
         uri = storage.join(self.run_uri, name)
         if self.is_main:
             self._send()
-            self.sink.checkpoint.remote(self.attempt, step, uri)
+            self.state.checkpoint.remote(self.attempt, step, uri)
         return uri
 
     # -- metrics: batched fire-and-forget calls, never a barrier ---------------------------------
@@ -131,20 +136,21 @@ class RayContext(RunContext):
 
     def _send(self) -> None:
         if self._pending:
-            self.sink.log.remote(self.attempt, self._pending)
+            self.state.log.remote(self.attempt, self._pending)
             self._pending = []
         self._sent_at = time.monotonic()
 
     def restore_metrics(self, history: list[dict]) -> None:
         if self.is_main:
-            self.sink.restore.remote(self.attempt, history)
+            self.state.restore.remote(self.attempt, history, self.resumed_from)
 
     def finish(self, summary: dict) -> None:
         if self.is_main:
             self._send()
-            ray.get(self.sink.finish.remote(summary))
+            ray.get(self.state.finish.remote(summary))
 
     def teardown(self) -> None:
+        self._polling.set()
         if self.is_main:
             self._send()  # a failed run's records up to the failure
         shutil.rmtree(self._tmp, ignore_errors=True)
@@ -168,16 +174,16 @@ def train_worker(config: dict) -> None:
     """What each Ray Train worker runs."""
     from workers.trainer import train
 
-    spec, sink = config["spec"], config["sink"]
+    spec, state = config["spec"], config["state"]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if ray.get(sink.fatal.remote()) is not None:
+    if ray.get(state.fatal.remote()) is not None:
         return  # an earlier attempt failed in a way a restart cannot fix: do not train again
-    ctx = RayContext(spec, config["run"], sink)
+    ctx = RayContext(spec, config["run"], state)
     try:
         summary = train(spec, ctx)
     except Exception as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        ray.get(sink.fail.remote(ctx.rank, reason, worth_retrying(err)))
+        ray.get(state.fail.remote(ctx.rank, reason, worth_retrying(err)))
         raise
     finally:
         ctx.teardown()

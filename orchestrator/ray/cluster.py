@@ -13,11 +13,13 @@ Clients find the token where Ray's own do: `$RAY_AUTH_TOKEN`, the file at
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 TOKEN_HELP = (
     "get the token on the head node with `ray get-auth-token` and put it in"
@@ -89,7 +91,7 @@ def auth_message(where: str) -> str:
 
 def driver_address(address: str | None) -> str | None:
     """--address, else $RAY_ADDRESS, else None (start a local cluster)."""
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = address or os.environ.get("RAY_ADDRESS") or (read_state() or {}).get("address") or None
     if address and address.startswith(("http://", "https://")):
         raise ClusterError(
             f"'{address}' is a dashboard (Jobs API) address; `orchestrator run` needs the cluster"
@@ -97,6 +99,14 @@ def driver_address(address: str | None) -> str | None:
             " cluster from here use `orchestrator submit`"
         )
     return address
+
+
+def train_env() -> dict[str, str]:
+    """Environment of the job's Ray processes. Ray Train V2's controller polls its workers every
+    RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default): every wait in it (the worker group
+    starting, each `ray.train.report`) is rounded up to that. 0.5 s took 6 s off a job's start on
+    a 2-core machine (docs/ray.md); a value in the environment wins."""
+    return {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")}
 
 
 @contextlib.contextmanager
@@ -115,7 +125,13 @@ def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
         if address:
             use_token_if_available()
             try:
-                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+                context = ray.init(
+                    address=address,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                    runtime_env={"env_vars": train_env()},
+                )
+                connected["dashboard"] = context.dashboard_url and f"http://{context.dashboard_url}"
             except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError
                 if is_auth_error(err):
                     raise ClusterError(auth_message(address)) from None
@@ -133,6 +149,7 @@ def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
                 _temp_dir=temp_dir,
                 log_to_driver=False,
                 logging_level=logging.WARNING,
+                runtime_env={"env_vars": train_env()},
             )
             where = f"local Ray ({int(ray.cluster_resources().get('CPU', 0))} CPUs)"
         yield where
@@ -143,11 +160,49 @@ def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+connected: dict[str, str | None] = {}  # what the last `connect` learned (the dashboard URL)
+
+
+# --- what `orchestrator up` started -----------------------------------------------------------
+
+
+def home() -> Path:
+    """Where the CLI keeps its state: $ORCHESTRATOR_HOME, else ~/.orchestrator."""
+    return Path(os.environ.get("ORCHESTRATOR_HOME") or Path.home() / ".orchestrator")
+
+
+def state_file() -> Path:
+    return home() / "cluster.json"
+
+
+def read_state() -> dict | None:
+    """What `orchestrator up` recorded: the cluster and dashboard addresses, the job store, and
+    whether it started the Ray head itself (then `down` stops it)."""
+    try:
+        return json.loads(state_file().read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_state(state: dict) -> None:
+    home().mkdir(parents=True, exist_ok=True)
+    tmp = state_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(state_file())
+
+
+def clear_state() -> None:
+    state_file().unlink(missing_ok=True)
+
+
 # --- the Jobs API ----------------------------------------------------------------------------
 
 
 def jobs_client(address: str | None):
-    """A `JobSubmissionClient` for --address, else $RAY_API_SERVER_ADDRESS / $RAY_ADDRESS."""
+    """A `JobSubmissionClient` for --address, else $RAY_API_SERVER_ADDRESS / $RAY_ADDRESS, else
+    the dashboard of the cluster `orchestrator up` started or joined."""
+    if not (address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")):
+        address = (read_state() or {}).get("dashboard")
     if address:
         # Ray lets the environment override an explicit address; here the option wins
         os.environ.pop("RAY_API_SERVER_ADDRESS", None)

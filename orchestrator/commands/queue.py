@@ -1,0 +1,165 @@
+"""`orchestrator queue | preempt ID | sweep NAME`: the orchestrator service's queue.
+
+They talk to the service on the cluster that `orchestrator up` recorded (or --address, a
+cluster address such as HOST:6379). `status ID` and `stop ID` (in jobs.py) use the service
+too when it knows the job.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from orchestrator.cli import UsageError
+
+
+def register(sub) -> None:
+    from orchestrator.commands.jobs import with_cluster_errors
+
+    queue = sub.add_parser("queue", help="the orchestrator service's queue: waiting and running jobs")
+    queue.add_argument("--all", action="store_true", help="include finished jobs")
+    _address(queue)
+    queue.set_defaults(handler=with_cluster_errors(handle_queue))
+
+    preempt = sub.add_parser("preempt", help="checkpoint a running job and put it back in the queue")
+    preempt.add_argument("job_id", metavar="ID")
+    _address(preempt)
+    preempt.set_defaults(handler=with_cluster_errors(handle_preempt))
+
+    sweep = sub.add_parser("sweep", help="the trials of a sweep, ranked by its metric")
+    sweep.add_argument("name", metavar="NAME", help="the sweep's job name")
+    _address(sweep)
+    sweep.set_defaults(handler=with_cluster_errors(handle_sweep))
+
+
+def _address(parser) -> None:
+    parser.add_argument(
+        "--address", help="Ray cluster address, HOST:6379 (default: the one `orchestrator up` recorded)"
+    )
+
+
+def required_service(address: str | None):
+    """A context manager yielding the service, or a UsageError saying how to start one."""
+    from orchestrator.scheduler import client
+
+    return client.connected_service(address, required=True)
+
+
+def _ago(t: float | None) -> str:
+    if not t:
+        return "-"
+    seconds = int(max(time.time() - t, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _eta(job: dict) -> str:
+    remaining = job.get("remaining_s")
+    return "-" if remaining is None else f"{int(remaining // 60)}m{int(remaining % 60):02d}s"
+
+
+def _resources(job: dict) -> str:
+    per = job["per_worker"]
+    extra = [f"{v * job['workers']:g} {k}" for k, v in per.items() if k != "CPU"]
+    return (
+        f"{job['workers']} x "
+        + ", ".join(f"{v:g} {k}" for k, v in per.items())
+        + (f" ({', '.join(extra)})" if extra else "")
+    )
+
+
+def handle_queue(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestrator.scheduler import client
+
+    with required_service(args.address) as service:
+        jobs = client.call(service.queue, args.all)
+    if not jobs:
+        print("the queue is empty" + ("" if args.all else " (--all lists finished jobs)"))
+        return 0
+    table = Table(box=None, header_style="bold")
+    for column in ("ID", "NAME", "PRIORITY", "STATE", "WORKERS", "WAITED", "STEP", "ETA", "NOTE"):
+        table.add_column(column, no_wrap=column != "NOTE", overflow="ellipsis")
+    colors = {
+        "running": "cyan",
+        "admitted": "cyan",
+        "stopping": "yellow",
+        "preempted": "yellow",
+        "succeeded": "green",
+        "failed": "red",
+        "stopped": "yellow",
+    }
+    for job in jobs:
+        waited = job["admitted_at"] - job["submitted_at"] if job.get("admitted_at") else None
+        step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job.get("step") or 0)
+        state = job["state"]
+        table.add_row(
+            job["id"],
+            job["name"],
+            str(job["priority"]),
+            f"[{colors.get(state, 'white')}]{state}[/]",
+            _resources(job),
+            _ago(job["submitted_at"]) if waited is None else f"{int(waited)}s",
+            step,
+            _eta(job),
+            job.get("note") or job.get("reason") or "",
+        )
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    return 0
+
+
+def handle_preempt(args) -> int:
+    from orchestrator.scheduler import client
+
+    with required_service(args.address) as service:
+        try:
+            job = client.call(service.preempt, args.job_id)
+        except client.ServiceError as err:
+            raise UsageError(str(err)) from None
+    print(
+        f"{job['id']}: preemption requested; it checkpoints at its next logging step and goes back to "
+        "the queue"
+    )
+    return 0
+
+
+def handle_sweep(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from orchestrator import sweep as sweeps
+    from orchestrator.scheduler import client
+
+    with required_service(args.address) as service:
+        trials = client.call(service.sweep, args.name)
+    if not trials:
+        raise UsageError(f"no sweep named '{args.name}' in the queue")
+    metric, mode = trials[0].get("sweep_metric") or "eval_loss", trials[0].get("sweep_mode") or "min"
+    rows = []
+    for t in trials:
+        summary = t.get("summary") or {}
+        rows.append(
+            {
+                "name": t["id"],
+                **(summary.get("eval") or {}),
+                **summary,
+                "state": t["state"],
+                "params": t.get("sweep_params") or {},
+            }
+        )
+    ranked = sweeps.rank(rows, metric, mode)
+    table = Table(box=None, header_style="bold", title=f"sweep {args.name}: by {metric} ({mode})")
+    for column in ("RANK", "TRIAL", "STATE", metric.upper(), "PARAMETERS"):
+        table.add_column(column, no_wrap=column != "PARAMETERS")
+    for i, row in enumerate(ranked, 1):
+        value = row.get(metric)
+        table.add_row(
+            str(i),
+            row["name"],
+            row["state"],
+            "-" if value is None else f"{value:.4f}",
+            ", ".join(f"{k}={v}" for k, v in row["params"].items()),
+        )
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    return 0

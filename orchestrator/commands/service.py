@@ -1,0 +1,219 @@
+"""`orchestrator up` / `orchestrator down`: the orchestrator service of a cluster.
+
+`up` joins the cluster at --address (or $RAY_ADDRESS); on a machine with no cluster it starts
+a local Ray head with its dashboard first. It then starts the service actor (or finds the one
+already running) and records what it did in ~/.orchestrator/cluster.json, which the other
+commands read for their default addresses. `down` stops the service, and the Ray head if `up`
+started it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from orchestrator.cli import UsageError
+
+
+def register(sub) -> None:
+    from orchestrator.commands.jobs import with_cluster_errors
+
+    up = sub.add_parser(
+        "up", help="start the orchestrator service (and a local Ray head if there is no cluster)"
+    )
+    up.add_argument("--address", help="Ray cluster to serve (default: $RAY_ADDRESS, else start a local one)")
+    up.add_argument(
+        "--store", help="job store URI: a path, NFS, s3://, gs://, hdfs:// (default: ~/.orchestrator/store)"
+    )
+    up.add_argument("--port", type=int, default=6379, help="a new local head's cluster port (default 6379)")
+    up.add_argument(
+        "--dashboard-port", type=int, default=8265, help="a new local head's dashboard port (default 8265)"
+    )
+    up.add_argument("--num-cpus", type=int, help="CPUs a new local head offers (default: all)")
+    up.add_argument(
+        "--resources", metavar="JSON", help="custom resources of a new local head, e.g. '{\"fake_gpu\": 4}'"
+    )
+    up.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="QUEUE=RES:N[,RES:N]",
+        help="a queue's quota, e.g. research=GPU:8 (repeatable)",
+    )
+    up.add_argument("--no-preemption", action="store_true", help="never preempt running jobs")
+    up.add_argument("--no-backfill", action="store_true", help="start jobs strictly in queue order")
+    up.add_argument(
+        "--start-deadline",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds an admitted job's workers have to start before it is requeued (default 300)",
+    )
+    up.set_defaults(handler=with_cluster_errors(handle_up))
+
+    down = sub.add_parser("down", help="stop the orchestrator service (and the Ray head `up` started)")
+    down.add_argument("--address", help="Ray cluster (default: the one `orchestrator up` recorded)")
+    down.set_defaults(handler=with_cluster_errors(handle_down))
+
+
+def parse_quotas(items: list[str]) -> dict[str, dict[str, float]]:
+    quotas = {}
+    for item in items:
+        queue, _, spec = item.partition("=")
+        try:
+            quotas[queue.strip()] = {k.strip(): float(v) for k, v in (p.split(":") for p in spec.split(","))}
+        except ValueError:
+            raise UsageError(
+                f"--quota {item}: expected QUEUE=RESOURCE:N[,RESOURCE:N], e.g. research=GPU:8"
+            ) from None
+        if not queue.strip() or not quotas[queue.strip()]:
+            raise UsageError(f"--quota {item}: expected QUEUE=RESOURCE:N[,RESOURCE:N], e.g. research=GPU:8")
+    return quotas
+
+
+def start_local_head(args) -> dict:
+    """`ray start --head` with its dashboard, a temp dir of its own and usage stats off."""
+    temp_dir = tempfile.mkdtemp(prefix=f"orch-{secrets.token_hex(2)}-", dir="/tmp")  # short: socket paths
+    command = [
+        sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--head",
+        f"--port={args.port}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={args.dashboard_port}",
+        "--include-dashboard=true",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+    ]
+    if args.num_cpus:
+        command.append(f"--num-cpus={args.num_cpus}")
+    if args.resources:
+        command.append(f"--resources={args.resources}")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
+    if result.returncode != 0:
+        lines = [ln for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
+        raise UsageError(f"could not start a local Ray head: {lines[-1] if lines else 'ray start failed'}")
+    return {
+        "address": f"127.0.0.1:{args.port}",
+        "dashboard": f"http://127.0.0.1:{args.dashboard_port}",
+        "started_head": True,
+        "temp_dir": temp_dir,
+    }
+
+
+def handle_up(args) -> int:
+    from orchestrator.ray import cluster
+    from orchestrator.scheduler import client
+    from orchestrator.scheduler.actor import ServiceActor, service_options
+
+    started = time.perf_counter()
+    recorded = cluster.read_state() or {}
+    address = args.address or os.environ.get("RAY_ADDRESS") or recorded.get("address")
+    state = {"address": address, "started_head": False}
+    if address:
+        address = cluster.driver_address(address)
+    else:
+        state = start_local_head(args)
+        address = state["address"]
+        print(f"started a local Ray head: {address}", flush=True)
+    store = args.store or recorded.get("store") or str(cluster.home() / "store")
+    if "://" not in store:
+        store = os.path.abspath(os.path.expanduser(store))
+    with cluster.connect(address):
+        dashboard = state.get("dashboard") or cluster.connected.get("dashboard")
+        if not dashboard:
+            raise cluster.ClusterError(
+                f"the Ray cluster at {address} has no dashboard: the service starts jobs "
+                "through its Jobs API; start the head with --include-dashboard=true"
+            )
+        existing = client.find()
+        config = {
+            "store": store,
+            "dashboard": dashboard,
+            "quotas": parse_quotas(args.quota),
+            "backfill": not args.no_backfill,
+            "preemption": not args.no_preemption,
+            "start_deadline_s": args.start_deadline,
+        }
+        service = existing or ServiceActor.options(**service_options()).remote(config)
+        info = client.call(service.info, retries=30)
+    cluster.write_state(
+        {**recorded, **state, "address": address, "dashboard": dashboard, "store": info["store"]}
+    )
+    verb = "already running" if existing else "up"
+    print(
+        f"orchestrator service {verb} (generation {info['generation']}, {info['nodes']} node(s)) "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
+    print(f"  cluster:   {address}")
+    print(f"  dashboard: {dashboard}")
+    print(f"  job store: {info['store']}")
+    print("  submit a job with: orchestrator submit jobs/vit.yaml")
+    return 0
+
+
+def handle_down(args) -> int:
+    import ray
+
+    from orchestrator.ray import cluster
+    from orchestrator.scheduler import client
+
+    state = cluster.read_state() or {}
+    address = args.address or state.get("address")
+    if not address:
+        print("no orchestrator service recorded on this machine (nothing to stop)")
+        return 0
+    stopped_service = False
+    try:
+        with cluster.connect(address):
+            service = client.find()
+            if service is not None:
+                client.call(service.shutdown, retries=3)
+                ray.kill(service, no_restart=True)
+                stopped_service = True
+    except cluster.ClusterError as err:
+        if not state.get("started_head"):
+            raise
+        print(f"note: {err}")
+    print("orchestrator service stopped" if stopped_service else "no orchestrator service was running")
+    if state.get("started_head") and not args.address:
+        count = stop_head(state["temp_dir"])
+        print(f"stopped the local Ray head ({count} processes)")
+    if not args.address or args.address == state.get("address"):
+        cluster.clear_state()
+    return 0
+
+
+def stop_head(temp_dir: str, timeout: float = 20.0) -> int:
+    """Stop the processes of the Ray head that uses `temp_dir` (and only those: `ray stop`
+    would stop every Ray cluster on the machine)."""
+    import psutil
+
+    mine = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid != os.getpid() and any(temp_dir in part for part in proc.info["cmdline"] or []):
+                mine.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for proc in mine:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(mine, timeout=timeout)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    return len(mine)

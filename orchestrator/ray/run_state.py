@@ -1,0 +1,163 @@
+"""The state and control of one run: a small actor beside the driver.
+
+`ray.train.report()` is a barrier that can block for seconds in Ray Train V2, so the workers
+use it only to register checkpoints. Everything else goes through this actor: rank 0 sends
+its metrics records in batches, fire-and-forget; the driver reads what changed since its last
+look (new events, new records, a rewind after a restart) to print progress and keep the
+metrics log; and the driver sets a stop request here that rank 0 reads and folds into the
+collective the loop already makes, so every rank stops at the same step.
+
+Each start of the worker group is an *attempt*; Ray Train restarts the whole group after a
+failure, and every group has a placement group of its own, so a new placement group id means
+a new attempt. Records are tagged with their attempt, so a late record from a dead worker can
+never land in the log after the restarted run rewound it to its checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+
+@dataclass
+class WorkersStarted:
+    attempt: int
+    members: dict[int, dict]  # rank -> {"pid", "node", "node_id"}
+
+
+@dataclass
+class RunStarted:
+    attempt: int
+    step: int  # 0: from scratch; else the checkpoint's step
+    checkpoint: str | None = None  # the checkpoint it resumed from
+    skipped: list[dict] = field(default_factory=list)  # newer ones that were incomplete, and why
+
+
+@dataclass
+class CheckpointSaved:
+    step: int
+    uri: str
+
+
+@dataclass
+class Records:
+    records: list[dict]
+
+
+@dataclass
+class Rewound:
+    """The log now holds exactly `records` (a restart resumed from a checkpoint)."""
+
+    records: list[dict]
+
+
+@dataclass
+class WorkerFailed:
+    rank: int
+    reason: str
+    retry: bool  # False: another attempt would fail the same way
+
+
+Event = WorkersStarted | RunStarted | CheckpointSaved | Records | Rewound | WorkerFailed
+
+
+@dataclass
+class Outcome:
+    summary: dict | None
+    error: dict | None
+    attempts: int
+    resumed_from: int | None
+    workers_started: bool
+
+
+@ray.remote(num_cpus=0)
+class RunState:
+    def __init__(self):
+        self.groups: list[str] = []  # placement group id of each attempt, in order
+        self.workers: dict[int, dict[int, dict]] = {}  # attempt -> rank -> worker
+        self.events: list[Any] = []  # what the driver reads, in order
+        self.summary: dict | None = None
+        self.error: dict | None = None
+        self.resumed_from: int | None = None
+        self.stop: str | None = None  # a stop request: its reason
+
+    def _current(self, attempt: int) -> bool:
+        return attempt == len(self.groups) - 1
+
+    # -- called by the workers -----------------------------------------------------------
+
+    def join(self, group: str, rank: int, world_size: int, pid: int, node: str, node_id: str) -> int:
+        """A worker started; returns its attempt number (0 for the first start)."""
+        if group not in self.groups:
+            self.groups.append(group)
+        attempt = self.groups.index(group)
+        members = self.workers.setdefault(attempt, {})
+        members[rank] = {"pid": pid, "node": node, "node_id": node_id}
+        if len(members) == world_size:
+            self.events.append(WorkersStarted(attempt, dict(sorted(members.items()))))
+        return attempt
+
+    def restore(self, attempt: int, history: list[dict], resumed: dict | None = None) -> None:
+        """The run (re)started from a checkpoint holding `history`, or from scratch ([]);
+        `resumed` says which checkpoint, and which newer ones were skipped as incomplete."""
+        if not self._current(attempt):
+            return
+        steps = [r["step"] for r in history if "step" in r]
+        step = max(steps) if steps else 0
+        if attempt == 0:
+            self.resumed_from = step
+        self.events.append(Rewound(list(history)))
+        resumed = resumed or {}
+        self.events.append(RunStarted(attempt, step, resumed.get("checkpoint"), resumed.get("skipped") or []))
+
+    def log(self, attempt: int, records: list[dict]) -> None:
+        if self._current(attempt):  # else: from a worker group that has since been replaced
+            self.events.append(Records(records))
+
+    def checkpoint(self, attempt: int, step: int, uri: str) -> None:
+        self.events.append(CheckpointSaved(step, uri))
+
+    def fail(self, rank: int, reason: str, retry: bool) -> None:
+        if self.error is None or (not retry and self.error["retry"]):
+            self.error = {"rank": rank, "reason": reason, "retry": retry}
+        self.events.append(WorkerFailed(rank, reason, retry))
+
+    def fatal(self) -> str | None:
+        """The reason of a failure not worth retrying, if there was one."""
+        return self.error["reason"] if self.error and not self.error["retry"] else None
+
+    def stop_requested(self) -> str | None:
+        return self.stop
+
+    def finish(self, summary: dict) -> None:
+        self.summary = summary
+
+    # -- called by the driver ----------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the workers to checkpoint at their next logging step and stop."""
+        self.stop = self.stop or reason
+
+    def events_since(self, cursor: int) -> tuple[list[Any], int]:
+        return self.events[cursor:], len(self.events)
+
+    def outcome(self) -> Outcome:
+        return Outcome(self.summary, self.error, len(self.groups), self.resumed_from, bool(self.workers))
+
+
+@dataclass
+class MetricsLog:
+    """The driver's copy of the run's metrics log, kept from the events."""
+
+    records: list[dict] = field(default_factory=list)
+    changed: bool = False
+
+    def apply(self, event: Any) -> None:
+        if isinstance(event, Rewound):
+            self.records = list(event.records)
+            self.changed = True
+        elif isinstance(event, Records):
+            self.records.extend(event.records)
+            self.changed = True

@@ -1,0 +1,97 @@
+"""Starting, watching and stopping the Ray Jobs that run the queue's jobs.
+
+Each attempt of a job runs as one Ray Job (so Ray's dashboard shows it, with its logs) whose
+entrypoint is the ordinary driver, `orchestrator run`, attached to the queue's record:
+
+    orchestrator run .orchestrator/job.json --job-id <id>
+
+Its working_dir is the job's package in the store (the project directory the job was
+submitted from), and its submission id is `<id>-a<attempt>`: Ray refuses a second Ray Job
+with the same id, so an attempt can never start twice, whichever service tries.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import shlex
+
+from workers import storage
+
+SPEC_IN_PACKAGE = ".orchestrator/job.json"
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+log = logging.getLogger("orchestrator.service")
+
+
+def submission_id(job_id: str, attempt: int) -> str:
+    return f"{job_id}-a{attempt}"
+
+
+def write_spec(package_uri: str, spec: dict) -> None:
+    """The validated spec, beside the project files the job runs with."""
+    fs, path = storage.resolve(storage.join(package_uri, SPEC_IN_PACKAGE))
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(json.dumps(spec, indent=1).encode())
+
+
+class JobRunner:
+    """The Ray Jobs API of the cluster the service runs on."""
+
+    def __init__(self, dashboard: str):
+        self.dashboard = dashboard
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            from ray.job_submission import JobSubmissionClient
+
+            self._client = JobSubmissionClient(self.dashboard)
+        return self._client
+
+    def launch(self, job_id: str, attempt: int, package_uri: str, metadata: dict) -> str:
+        """Start the driver of `job_id`'s attempt; returns its submission id."""
+        sid = submission_id(job_id, attempt)
+        entrypoint = shlex.join(["orchestrator", "run", SPEC_IN_PACKAGE, "--job-id", job_id])
+        fs, path = storage.resolve(package_uri)
+        working_dir = path if storage.is_local(package_uri) else package_uri
+        try:
+            self.client.submit_job(
+                entrypoint=entrypoint,
+                submission_id=sid,
+                runtime_env={"working_dir": working_dir},
+                metadata={"orchestrator_job": job_id, **{k: str(v) for k, v in metadata.items()}},
+            )
+        except Exception as err:
+            if "already exists" not in str(err):
+                raise
+            log.warning("%s was already started (by an earlier service)", sid)
+        return sid
+
+    def status(self, sid: str) -> str | None:
+        """RUNNING, PENDING, SUCCEEDED, ...; None when Ray does not know the submission."""
+        try:
+            return str(getattr(self.client.get_job_status(sid), "value", ""))
+        except Exception as err:
+            if "does not exist" in str(err) or "not found" in str(err).lower():
+                return None
+            raise
+
+    def stop(self, sid: str) -> None:
+        """SIGTERM to the driver, SIGKILL a few seconds later (Ray's own stop)."""
+        try:
+            self.client.stop_job(sid)
+        except Exception as err:
+            if "does not exist" not in str(err):
+                raise
+
+    def statuses(self) -> dict[str, str]:
+        """Every submission Ray knows, with its status (one call)."""
+        return {
+            j.submission_id: str(getattr(j.status, "value", j.status))
+            for j in self.client.list_jobs()
+            if j.submission_id
+        }

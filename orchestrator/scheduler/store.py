@@ -1,0 +1,268 @@
+"""The durable job table: one JSON file per job on any pyarrow filesystem, and the lease.
+
+    <store>/jobs/<job id>.json      a JobRecord, rewritten whole on every change
+    <store>/service.json            the lease: which service instance owns the queue
+    <store>/packages/<job id>/      the job's project directory (the Ray Job's working_dir)
+
+Why files and not a database: the store must outlive the head node, and the one place every
+deployment already has that does is the checkpoint storage (NFS, S3, GCS, HDFS through
+pyarrow); a database file would need a persistent volume of its own. Each write goes to a
+temporary name first and is then moved into place, so a reader (or a service restarted
+mid-write) sees the old record or the new one, never half of one. A job table of thousands
+of small files loads in well under a second.
+
+The lease makes sure that two services never schedule the same queue: a service takes the
+lease with a generation number one higher than the last, renews it every few seconds, and a
+second service refuses to start while the lease is fresh. On one Ray cluster the Ray Job
+submission id of each attempt (`<job id>-a<attempt>`) is a second guard: Ray refuses a
+duplicate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import posixpath
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from workers import storage
+
+LEASE_TTL_S = 15.0  # a lease not renewed for this long is free
+
+
+class JobState(str, enum.Enum):
+    QUEUED = "queued"  # waiting for admission
+    ADMITTED = "admitted"  # resources counted for it; its workers are starting
+    RUNNING = "running"  # all workers started
+    STOPPING = "stopping"  # asked to checkpoint and stop (preemption or `orchestrator stop`)
+    PREEMPTED = "preempted"  # stopped for a higher-priority job; back in the queue
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"  # by `orchestrator stop`
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
+
+    @property
+    def is_pending(self) -> bool:
+        """Waiting in the queue."""
+        return self in (JobState.QUEUED, JobState.PREEMPTED)
+
+    @property
+    def holds_resources(self) -> bool:
+        return self in (JobState.ADMITTED, JobState.RUNNING, JobState.STOPPING)
+
+
+@dataclass
+class JobRecord:
+    id: str  # unique in the queue
+    name: str  # the spec's name
+    spec: dict[str, Any]  # the validated spec, as JSON
+    priority: int
+    queue: str
+    preemptible: bool
+    workers: int
+    per_worker: dict[str, float]  # Ray resources of one worker
+    submitted_at: float
+    run: str = ""  # the run name: checkpoints live in <checkpoint.storage>/<run>/
+    state: JobState = JobState.QUEUED
+    launched_by: str = "service"  # "service": the service starts its Ray Job; "driver": a
+    # driver started elsewhere (`ray job submit`, `orchestrator run`) registered itself
+    attempt: int = 0  # admissions so far
+    submission_id: str | None = None  # the Ray Job running its driver now
+    placement: dict[str, int] = field(default_factory=dict)  # node id -> workers
+    admitted_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    not_before: float = 0.0  # backoff: not admitted again before this time
+    stop_requested: str | None = None  # "preempt" or "stop"
+    stop_requested_at: float | None = None
+    killed: bool = False  # its driver was stopped after the grace period
+    failed_starts: int = 0  # in a row: sets the backoff
+    last_seen: float = 0.0  # the driver's last call
+    preemptions: int = 0
+    steps_lost: int = 0
+    step: int = 0  # the newest step the job reported
+    total_steps: int | None = None
+    step_time_s: float | None = None  # measured, for the remaining-time estimate
+    last_checkpoint: str | None = None
+    package: str | None = None  # where its working_dir is kept
+    generation: int = 0  # the service generation that admitted it
+    reason: str | None = None  # why it failed or stopped
+    sweep: str | None = None  # the sweep it belongs to
+    sweep_params: dict[str, Any] = field(default_factory=dict)  # this trial's values
+    sweep_metric: str | None = None
+    sweep_mode: str | None = None
+    sweep_max_concurrent: int | None = None  # trials of its sweep that may run at once
+    summary: dict[str, Any] | None = None  # the driver's final summary
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def log(self, event: str, now: float | None = None, **detail) -> None:
+        """One line of the job's history: queued, admitted, preempted at step N, ..."""
+        self.history.append({"time": now if now is not None else time.time(), "event": event, **detail})
+
+    @property
+    def remaining_s(self) -> float | None:
+        """Estimated seconds left, from measured step times; None while unknown."""
+        if self.step_time_s is None or self.total_steps is None:
+            return None
+        return max(self.total_steps - self.step, 0) * self.step_time_s
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["state"] = self.state.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}  # fields of newer versions
+        values["state"] = JobState(values["state"])
+        return cls(**values)
+
+
+class LeaseHeld(RuntimeError):
+    """Another service instance owns this store."""
+
+
+class Store:
+    def __init__(self, uri: str):
+        self.uri = uri
+        self.fs, self.root = storage.resolve(uri)
+        for sub in ("jobs", "packages"):
+            self.fs.create_dir(posixpath.join(self.root, sub), recursive=True)
+
+    # -- job records ---------------------------------------------------------------------
+
+    def _job_path(self, job_id: str) -> str:
+        return posixpath.join(self.root, "jobs", f"{job_id}.json")
+
+    def _write_atomic(self, path: str, data: dict) -> None:
+        tmp = f"{path}.tmp-{secrets.token_hex(4)}"
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(json.dumps(data, indent=1, sort_keys=True).encode())
+        self.fs.move(tmp, path)
+
+    def save(self, record: JobRecord) -> None:
+        self._write_atomic(self._job_path(record.id), record.to_json())
+
+    def load(self, job_id: str) -> JobRecord | None:
+        try:
+            with self.fs.open_input_stream(self._job_path(job_id)) as src:
+                return JobRecord.from_json(json.loads(src.read()))
+        except FileNotFoundError:
+            return None
+
+    def load_all(self) -> dict[str, JobRecord]:
+        selector = pafs.FileSelector(posixpath.join(self.root, "jobs"), allow_not_found=True)
+        records = {}
+        for info in self.fs.get_file_info(selector):
+            if info.type != pafs.FileType.File or not info.path.endswith(".json"):
+                continue  # a temporary file of an interrupted write
+            with self.fs.open_input_stream(info.path) as src:
+                record = JobRecord.from_json(json.loads(src.read()))
+            records[record.id] = record
+        return records
+
+    def exists(self, job_id: str) -> bool:
+        return self.fs.get_file_info(self._job_path(job_id)).type == pafs.FileType.File
+
+    # -- the lease ------------------------------------------------------------------------
+
+    def _lease_path(self) -> str:
+        return posixpath.join(self.root, "service.json")
+
+    def read_lease(self) -> dict | None:
+        try:
+            with self.fs.open_input_stream(self._lease_path()) as src:
+                return json.loads(src.read())
+        except FileNotFoundError:
+            return None
+
+    def acquire_lease(self, owner: str, now: float | None = None) -> int:
+        """Take the lease for `owner`; returns the new generation. Raises LeaseHeld when
+        another owner renewed it within LEASE_TTL_S."""
+        now = time.time() if now is None else now
+        lease = self.read_lease()
+        if lease and lease["owner"] != owner and now - lease["renewed_at"] < LEASE_TTL_S:
+            raise LeaseHeld(
+                f"the job store {self.uri} is in use by another orchestrator service "
+                f"({lease['owner']}, generation {lease['generation']}); stop it first, or wait "
+                f"{LEASE_TTL_S:.0f} s after it died"
+            )
+        generation = (lease["generation"] if lease else 0) + 1
+        self._write_atomic(self._lease_path(), {"owner": owner, "generation": generation, "renewed_at": now})
+        return generation
+
+    def renew_lease(self, owner: str, generation: int, now: float | None = None) -> None:
+        lease = self.read_lease()
+        if lease is None or lease["owner"] != owner or lease["generation"] != generation:
+            raise LeaseHeld(f"the job store {self.uri} was taken over by another orchestrator service")
+        lease["renewed_at"] = time.time() if now is None else now
+        self._write_atomic(self._lease_path(), lease)
+
+    def release_lease(self, owner: str) -> None:
+        lease = self.read_lease()
+        if lease and lease["owner"] == owner:
+            lease["renewed_at"] = 0.0
+            self._write_atomic(self._lease_path(), lease)
+
+    # -- packages (working directories) ----------------------------------------------------
+
+    def package_uri(self, job_id: str) -> str:
+        return storage.join(self.uri, "packages", job_id)
+
+    def put_package(self, job_id: str, source_dir: str | Path) -> str:
+        """Copy a project directory (what git would ship: tracked and untracked files that are
+        not ignored; without git, all but caches and virtualenvs) into the store."""
+        source_dir = Path(source_dir).resolve()
+        uri = self.package_uri(job_id)
+        fs, path = storage.resolve(uri)
+        fs.create_dir(path, recursive=True)
+        for relative in project_files(source_dir):
+            target = posixpath.join(path, relative.as_posix())
+            fs.create_dir(posixpath.dirname(target), recursive=True)
+            with open(source_dir / relative, "rb") as src, fs.open_output_stream(target) as out:
+                shutil.copyfileobj(src, out)
+        return uri
+
+
+SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", "runs", "data", ".whl", ".gpucache"}
+MAX_PACKAGE_BYTES = 100 * 2**20  # Ray's own limit for a working_dir is of this order
+
+
+def project_files(root: Path) -> list[Path]:
+    """The files a job's working_dir carries, relative to `root`."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+            cwd=root,
+            capture_output=True,
+            timeout=30,
+            check=True,
+        )
+        files = [Path(p) for p in out.stdout.decode().split("\0") if p]
+        files = [p for p in files if (root / p).is_file()]
+    except (OSError, subprocess.SubprocessError):
+        files = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")]
+            files += [Path(dirpath, f).relative_to(root) for f in filenames if not f.endswith(".pyc")]
+    total = sum((root / p).stat().st_size for p in files)
+    if total > MAX_PACKAGE_BYTES:
+        raise OSError(
+            f"the project directory {root} holds {total / 2**20:.0f} MiB to ship with the job"
+            f" (limit {MAX_PACKAGE_BYTES / 2**20:.0f} MiB); add the large files to .gitignore"
+        )
+    return sorted(files)

@@ -1,0 +1,264 @@
+"""The orchestrator service on a real Ray cluster: the queue, gang admission, preemption that
+loses no step, `ray job submit` through the queue, and surviving the death of the service
+actor and of a job's driver.
+
+The cluster is a `ray start --head` of its own (token auth on) with 8 logical CPUs and a custom
+resource `slot: 3` standing in for GPUs; each test job has 2 workers of 1 slot, so two jobs
+never fit at once. Training is the digits convnet on CPUs. The tests read the service's own
+durable job table (the JSON files in its store) to see what it decided and when.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, run_cli, start_ray_head, stop_ray_head
+
+SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
+
+
+class Service:
+    def __init__(self, head, home: Path, store: Path, runs: Path):
+        self.head, self.home, self.store, self.runs = head, home, store, runs
+        self.env = {**head.env, "ORCHESTRATOR_HOME": str(home)}
+
+    def cli(self, *args, timeout=240):
+        return run_cli(*args, env=self.env, timeout=timeout)
+
+    def submit(self, *sets, priority=None, steps=30, name=None) -> str:
+        args = [
+            "submit",
+            SPEC,
+            "--set",
+            "resources.custom_per_worker.slot=1",
+            "--set",
+            f"train.steps={steps}",
+            "--set",
+            f"checkpoint.storage={self.runs}",
+            "--set",
+            "metrics.log_every=5",
+        ]
+        if name:
+            args += ["--set", f"name={name}"]
+        for s in sets:
+            args += ["--set", s]
+        if priority is not None:
+            args += ["--priority", str(priority)]
+        result = self.cli(*args)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        return result.stdout.split()[0]
+
+    def job(self, job_id: str) -> dict:
+        return json.loads((self.store / "jobs" / f"{job_id}.json").read_text())
+
+    def wait(self, job_id: str, predicate, timeout=240, what="") -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            path = self.store / "jobs" / f"{job_id}.json"
+            if path.exists():
+                job = json.loads(path.read_text())
+                if predicate(job):
+                    return job
+                if job["state"] in ("failed", "stopped") and "failed" not in what:
+                    raise AssertionError(f"{job_id} {job['state']}: {job.get('reason')}")
+            time.sleep(0.5)
+        raise AssertionError(f"{job_id}: timed out waiting for {what or predicate}: {self.job(job_id)}")
+
+    def done(self, job_id: str, timeout=300) -> dict:
+        return self.wait(job_id, lambda j: j["state"] == "succeeded", timeout, "success")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("service")
+    head = start_ray_head(num_cpus=8, resources={"slot": 3})
+    svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
+    try:
+        up = svc.cli("up", "--address", head.address, "--store", str(svc.store), "--start-deadline", "120")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "orchestrator service up" in up.stdout and head.dashboard in up.stdout
+        yield svc
+    finally:
+        svc.cli("down", timeout=60)
+        stop_ray_head(head)
+
+
+def events(job: dict) -> list[str]:
+    return [e["event"] for e in job["history"]]
+
+
+def when(job: dict, event: str, nth: int = 0) -> float:
+    return [e["time"] for e in job["history"] if e["event"] == event][nth]
+
+
+def train_steps(metrics_file: Path) -> list[int]:
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    return [r["step"] for r in records if "loss" in r]
+
+
+@pytest.mark.timeout(600)
+def test_jobs_that_do_not_fit_together_run_one_after_the_other(service):
+    first = service.submit(name="gang-a")
+    second = service.submit(name="gang-b")
+    a, b = service.done(first), service.done(second)
+    # all or nothing: b was admitted only once a had finished and released its slots
+    assert when(b, "admitted") >= when(a, "succeeded")
+    assert events(a).count("admitted") == events(b).count("admitted") == 1
+    assert a["step"] == b["step"] == 30
+    queue = service.cli("queue", "--all")
+    assert queue.returncode == 0 and first in queue.stdout and "succeeded" in queue.stdout
+
+
+@pytest.mark.timeout(600)
+def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(service):
+    low = service.submit("scheduling.preemptible=true", name="low", steps=60)
+    service.wait(low, lambda j: j["state"] in ("admitted", "running"), what="admission")
+    high = service.submit(name="high", priority=10, steps=10)
+    h, lo = service.done(high), service.done(low)
+    # the low job stopped at a step, checkpointed it, made way, and resumed from exactly there
+    assert lo["preemptions"] == 1 and lo["steps_lost"] == 0
+    preempted = next(e for e in lo["history"] if e["event"] == "preempted")
+    assert preempted["acknowledged"] is True and preempted["steps_lost"] == 0
+    assert when(h, "admitted") >= when(lo, "preempted")
+    assert when(lo, "admitted", 1) >= when(h, "succeeded")
+    assert lo["step"] == 60 and lo["attempt"] == 2
+    steps = train_steps(service.runs / "low" / "metrics.jsonl")
+    assert steps == list(range(5, 61, 5))  # each step once, across the preemption
+    status = service.cli("status", low)
+    assert "preempted (step" in status.stdout and "steps lost: 0" in status.stdout
+
+
+@pytest.mark.timeout(600)
+def test_ray_job_submit_goes_through_the_queue(service):
+    submission = f"plain-ray-{os.getpid()}"
+    command = [
+        str(Path(sys.executable).parent / "ray"),
+        "job",
+        "submit",
+        "--address",
+        service.head.dashboard,
+        "--submission-id",
+        submission,
+        "--working-dir",
+        ".",
+        "--",
+        f"./{SPEC}",
+        "--set",
+        "train.steps=10",
+        "--set",
+        "resources.custom_per_worker.slot=1",
+        "--set",
+        f"checkpoint.storage={service.runs}",
+        "--set",
+        "name=via-ray",
+    ]
+    result = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **service.env}, capture_output=True, text=True, timeout=400
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "queued as via-ray-" in result.stdout and "succeeded: 10 steps" in result.stdout
+    job_id = result.stdout.split("queued as ")[1].split()[0]
+    job = service.job(job_id)
+    assert job["state"] == "succeeded" and job["launched_by"] == "driver"
+    assert job["submission_id"] in (None, submission)
+
+
+def _kill_service_actor(service) -> None:
+    code = (
+        f"import ray; ray.init(address='{service.head.address}'); "
+        "ray.kill(ray.get_actor('orchestrator', namespace='orchestrator'), no_restart=False)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **service.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.timeout(600)
+def test_the_queue_survives_the_service_actor_dying(service):
+    lease = service.store / "service.json"
+    generation = json.loads(lease.read_text())["generation"]
+    job_id = service.submit(name="through-restart", steps=1500)
+    service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 50, what="progress")
+    _kill_service_actor(service)  # Ray restarts it; it reloads the queue from its store
+    deadline = time.time() + 120
+    while json.loads(lease.read_text())["generation"] == generation and time.time() < deadline:
+        time.sleep(0.5)
+    assert json.loads(lease.read_text())["generation"] == generation + 1, "the service did not come back"
+    job = service.done(job_id)
+    assert job["attempt"] == 1 and job["step"] == 1500  # the driver ran on through it
+    assert events(job) == ["queued", "admitted", "running", "succeeded"]
+
+
+@pytest.mark.timeout(600)
+def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(service):
+    job_id = service.submit("checkpoint.every_steps=100", name="survivor", steps=1500)
+    job = service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 150, what="progress")
+    ray = str(Path(sys.executable).parent / "ray")
+    stop = subprocess.run(
+        [ray, "job", "stop", "--address", service.head.dashboard, "--no-wait", job["submission_id"]],
+        env={**os.environ, **service.env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # SIGTERM to the driver, as a crash would end it
+    assert stop.returncode == 0, stop.stderr
+    job = service.done(job_id, timeout=400)
+    assert "driver-exited" in events(job) and job["attempt"] == 2
+    assert job["step"] == 1500
+    # the second attempt resumed from its newest complete checkpoint, not from scratch
+    resumed = job["summary"]["resumed_from_step"]
+    assert resumed >= 100 and resumed % 100 == 0
+    assert job["summary"]["resumed_from"]["checkpoint"].endswith(f"checkpoint_{resumed:08d}")
+    steps = train_steps(service.runs / "survivor" / "metrics.jsonl")
+    assert steps == list(range(5, 1501, 5))  # each step once
+
+
+@pytest.mark.timeout(600)
+def test_a_sweep_queues_one_job_per_trial_and_ranks_them(service):
+    result = service.cli(
+        "submit",
+        "jobs/sweep.yaml",
+        "--set",
+        "train.steps=10",
+        "--set",
+        "resources.custom_per_worker.slot=1",
+        "--set",
+        f"checkpoint.storage={service.runs}",
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    trials = result.stdout.split()
+    assert trials == ["convnet-lr-000", "convnet-lr-001", "convnet-lr-002"]
+    jobs = [service.done(t, timeout=400) for t in trials]
+    lrs = [j["sweep_params"]["optimizer.lr"] for j in jobs]
+    assert lrs == [0.001, 0.003, 0.01]
+    ranking = service.cli("sweep", "convnet-lr")
+    assert ranking.returncode == 0, ranking.stderr
+    rows = [line.split() for line in ranking.stdout.splitlines() if line.strip()[:1].isdigit()]
+    accuracies = [float(row[3]) for row in rows]
+    assert [row[1] for row in rows] and sorted(accuracies, reverse=True) == accuracies  # best first
+    assert {row[1] for row in rows} == set(trials)
+
+
+@pytest.mark.timeout(120)
+def test_a_job_bigger_than_the_cluster_is_refused_at_submission(service):
+    result = service.cli(
+        "submit",
+        SPEC,
+        "--set",
+        "resources.custom_per_worker.slot=2",
+        "--set",
+        f"checkpoint.storage={service.runs}",
+    )
+    assert result.returncode == 2
+    assert "but the whole cluster has room for only 1 such worker(s)" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,79 @@
+"""The service's durable job table and lease, on a real local pyarrow filesystem."""
+
+import json
+
+import pytest
+
+from orchestrator.scheduler.store import LEASE_TTL_S, JobRecord, JobState, LeaseHeld, Store, project_files
+
+
+def record(job_id="job-1", **changes) -> JobRecord:
+    values = dict(
+        id=job_id,
+        name="job",
+        spec={"name": "job"},
+        priority=0,
+        queue="default",
+        preemptible=False,
+        workers=2,
+        per_worker={"CPU": 1.0},
+        submitted_at=100.0,
+    )
+    return JobRecord(**{**values, **changes})
+
+
+def test_records_round_trip_and_half_written_files_are_ignored(tmp_path):
+    store = Store(str(tmp_path))
+    job = record(state=JobState.RUNNING, placement={"node-a": 2})
+    job.log("admitted", 101.0, attempt=1)
+    store.save(job)
+    (tmp_path / "jobs" / "job-2.json.tmp-abcd").write_text('{"half": ')  # an interrupted write
+    loaded = Store(str(tmp_path)).load_all()
+    assert list(loaded) == ["job-1"]
+    again = loaded["job-1"]
+    assert again == job and again.state is JobState.RUNNING and again.history[0]["attempt"] == 1
+    assert not list((tmp_path / "jobs").glob("job-1.json.tmp-*"))  # moved into place
+
+
+def test_a_record_of_a_newer_version_still_loads(tmp_path):
+    data = {**record().to_json(), "field_of_a_later_version": 1}
+    assert JobRecord.from_json(data) == record()
+
+
+def test_states(tmp_path):
+    assert JobState.PREEMPTED.is_pending and JobState.QUEUED.is_pending
+    assert JobState.STOPPING.holds_resources and not JobState.STOPPING.is_terminal
+    assert {s for s in JobState if s.is_terminal} == {JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}
+
+
+def test_remaining_time_comes_from_measured_step_times():
+    assert record(total_steps=100, step=40).remaining_s is None
+    assert record(total_steps=100, step=40, step_time_s=0.5).remaining_s == 30.0
+
+
+def test_the_lease_keeps_a_second_service_out_until_it_expires(tmp_path):
+    store = Store(str(tmp_path))
+    assert store.acquire_lease("service-a", now=1000.0) == 1
+    store.renew_lease("service-a", 1, now=1005.0)
+    with pytest.raises(LeaseHeld, match="in use by another orchestrator service"):
+        Store(str(tmp_path)).acquire_lease("service-b", now=1005.0 + LEASE_TTL_S - 1)
+    assert store.acquire_lease("service-a", now=1010.0) == 2  # the same service, restarted
+    taken = Store(str(tmp_path)).acquire_lease("service-b", now=1010.0 + LEASE_TTL_S + 1)
+    assert taken == 3
+    with pytest.raises(LeaseHeld, match="taken over"):
+        store.renew_lease("service-a", 2)
+    assert json.loads((tmp_path / "service.json").read_text())["owner"] == "service-b"
+
+
+def test_a_package_holds_what_git_would_ship(tmp_path):
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "pkg" / "code.py").write_text("x = 1\n")
+    (project / "__pycache__").mkdir()
+    (project / "__pycache__" / "code.pyc").write_bytes(b"\0")
+    (project / ".venv").mkdir()
+    (project / ".venv" / "big").write_bytes(b"\0" * 10)
+    assert [p.as_posix() for p in project_files(project)] == ["pkg/code.py"]
+    uri = Store(str(tmp_path / "store")).put_package("job-1", project)
+    assert (tmp_path / "store" / "packages" / "job-1" / "pkg" / "code.py").read_text() == "x = 1\n"
+    assert uri.endswith("packages/job-1")
