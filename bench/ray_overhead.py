@@ -31,9 +31,11 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "ray_overhead.json"
 
 
-def step_times(metrics_file: Path) -> tuple[list[float], float]:
+def step_times(run_dir: Path) -> tuple[list[float], float]:
     """(per-step time between consecutive records, in order; wall time of the first record)."""
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    from workers.metrics_log import read_metrics
+
+    records = read_metrics(str(run_dir))
     train = sorted((r["step"], r["time"]) for r in records if "loss" in r)
     return [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(train, train[1:])], train[0][1]
 
@@ -80,7 +82,7 @@ def one_run(side: str, args, overrides: list[str]) -> dict:
     wall = time.time() - started
     if result.returncode != 0:
         sys.exit(f"{side} run failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    durations, first_step_end = step_times(next(storage.glob("*/metrics.jsonl")))
+    durations, first_step_end = step_times(next(p for p in storage.iterdir() if (p / "metrics").is_dir()))
     shutil.rmtree(storage, ignore_errors=True)
     steady = durations[args.warmup :]
     return {

@@ -15,7 +15,7 @@ import sys
 from orchestrator import __version__
 from orchestrator.spec import SpecError
 
-COMMANDS = ["validate", "run", "models", "submit", "jobs", "queue", "service", "export"]
+COMMANDS = ["validate", "run", "models", "submit", "jobs", "queue", "service", "metrics", "export"]
 
 
 class UsageError(Exception):

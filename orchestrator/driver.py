@@ -12,7 +12,6 @@ training run is `orchestrator.ray.launcher`'s job.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -21,11 +20,12 @@ import threading
 import time
 
 from orchestrator.checks import data_problems
+from orchestrator.monitoring.terminal import Display
 from orchestrator.ray import cluster, launcher
 from orchestrator.ray.run_state import (
     CheckpointSaved,
-    MetricsLog,
     Records,
+    Rewound,
     RunStarted,
     WorkerFailed,
     WorkersStarted,
@@ -35,10 +35,11 @@ from orchestrator.spec import JobSpec
 from workers import storage
 from workers.context import run_name
 from workers.run import print_summary, write_summary
+from workers.run_log import RunLog
 
 POLL_S = 1.0  # progress lines once a second; each poll is an actor call
 REPORT_S = 2.0  # progress to the service
-REMOTE_METRICS_EVERY_S = 10.0  # rewriting an object per poll would be wasteful
+REPORT_RECORDS = 500  # the newest records a report carries to the service (its status page)
 EXIT = {"succeeded": 0, "stopped_early": 0, "failed": 1, "stopped": 1}
 
 
@@ -66,19 +67,20 @@ def run(
             service = service_client.find() if address else None
             if service is None and job_id:
                 raise cluster.ClusterError(f"--job-id {job_id}: no orchestrator service on {where}")
-            if service is None:
-                run = run_name(spec)
-                _preflight(spec, storage.join(spec.checkpoint.storage, run))
-                _check_resources(spec, local=address is None)
-                print(
-                    f"{tag} {spec.resources.num_workers} worker(s) on {where}; checkpoints in "
-                    f"{storage.join(spec.checkpoint.storage, run)}",
-                    flush=True,
-                )
-                summary = Attempt(spec, run, None).run()
-            else:
-                _preflight(spec, storage.join(spec.checkpoint.storage, spec.name))
-                summary = QueuedJob(spec, service, job_id).run()
+            with Display() as display:
+                if service is None:
+                    run = run_name(spec)
+                    _preflight(spec, storage.join(spec.checkpoint.storage, run))
+                    _check_resources(spec, local=address is None)
+                    display.event(
+                        spec.name,
+                        f"{spec.resources.num_workers} worker(s) on {where}; checkpoints in "
+                        f"{storage.join(spec.checkpoint.storage, run)}",
+                    )
+                    summary = Attempt(spec, run, None, display).run()
+                else:
+                    _preflight(spec, storage.join(spec.checkpoint.storage, spec.name))
+                    summary = QueuedJob(spec, service, job_id, display).run()
     except (cluster.ClusterError, service_client.ServiceError, OSError) as err:
         print(f"error: {spec.name}: {err}", file=sys.stderr, flush=True)
         return 1
@@ -129,49 +131,64 @@ def _check_resources(spec: JobSpec, local: bool) -> None:
 
 
 class Attempt:
-    """One training run: started, watched (progress lines, the metrics log in storage, reports to
-    the service), stopped on request, summarised."""
+    """One training run: started, watched (progress, the metrics log in storage, reports to the
+    service), stopped on request, summarised."""
 
     def __init__(
-        self, spec: JobSpec, run: str, placement: dict[str, int] | None, queued: QueuedJob | None = None
+        self,
+        spec: JobSpec,
+        run: str,
+        placement: dict[str, int] | None,
+        display: Display,
+        queued: QueuedJob | None = None,
     ):
         self.spec, self.run_name, self.placement, self.queued = spec, run, placement, queued
-        self.tag = f"[{spec.name}]"
-        self.metrics_uri = storage.join(spec.checkpoint.storage, run, "metrics.jsonl")
-        self.remote = not storage.is_local(self.metrics_uri)
-        self.log = MetricsLog()
-        self.last_write = self.last_report = 0.0
+        self.display, self.name = display, spec.name
+        self.log = RunLog(storage.join(spec.checkpoint.storage, run), tensorboard=spec.metrics.tensorboard)
+        self.last_report = 0.0
         self.last_step: int | None = None
         self.last_checkpoint: str | None = None
         self.workers_started = False
+        self.restarts = 0
         self.step_times: list[tuple[float, int]] = []  # (time, step) of recent records
+        self.unreported: list[dict] = []  # records the service has not seen yet
+        self.rewound = False  # the log was rewound since the last report
         self.stop_sent: str | None = None
 
     def run(self) -> dict:
         handle = launcher.start(self.spec, self.run_name, self.placement)
-        while handle.running:
-            handle.join(POLL_S)
-            self._poll(handle)
-        self._poll(handle, final=True)
+        try:
+            while handle.running:
+                handle.join(POLL_S)
+                self._poll(handle)
+            self._poll(handle, final=True)
+        finally:
+            self.log.close()
         return launcher.summary(handle, self.last_step, self.last_checkpoint)
 
     def _poll(self, handle: launcher.RunHandle, final: bool = False) -> None:
         for event in handle.events():
-            self.log.apply(event)
+            if isinstance(event, Rewound):
+                self.log.rewind(event.records)
+                self.unreported, self.rewound = list(event.records[-REPORT_RECORDS:]), True
+            elif isinstance(event, Records):
+                self.log.append(event.records)
+                self.unreported = (self.unreported + event.records)[-REPORT_RECORDS:]
             self._show(event)
-        if self.log.changed and (
-            final or not self.remote or time.time() - self.last_write > REMOTE_METRICS_EVERY_S
-        ):
-            self._write(self.log.records)
-            self.log.changed, self.last_write = False, time.time()
+        if final:
+            self.log.flush()
         if self.queued is not None and (final or time.time() - self.last_report > REPORT_S):
-            stop = self.queued.report(self.progress())
+            stop = self.queued.report(
+                {**self.progress(), "records": self.unreported, "rewound": self.rewound}
+            )
+            self.unreported, self.rewound = [], False
             self.last_report = time.time()
             if stop and stop != self.stop_sent and not final:
                 handle.request_stop(stop)
                 self.stop_sent = stop
                 what = "preemption" if stop == "preempt" else "stop"
-                print(f"{self.tag} {what} requested: checkpointing at the next logging step", flush=True)
+                self.display.event(self.name, f"{what} requested: checkpointing at the next logging step")
+                self.display.update(self.name, state="stopping")
 
     def progress(self) -> dict:
         step_time = None
@@ -183,38 +200,33 @@ class Attempt:
             "step_time_s": step_time,
             "checkpoint": self.last_checkpoint,
             "workers_started": self.workers_started,
+            "restarts": self.restarts,
         }
 
-    def _write(self, records: list[dict]) -> None:
-        fs, path = storage.resolve(self.metrics_uri)
-        with fs.open_output_stream(path) as out:
-            out.write("".join(json.dumps(r) + "\n" for r in records).encode())
-
     def _show(self, event) -> None:
-        tag = self.tag
+        say = lambda text: self.display.event(self.name, text)  # noqa: E731
         if isinstance(event, WorkersStarted):
-            self.workers_started = True
+            self.workers_started, self.restarts = True, event.attempt
             who = ", ".join(f"rank {rank} pid {w['pid']} on {w['node']}" for rank, w in event.members.items())
-            label = "workers" if event.attempt == 0 else f"restart {event.attempt}: workers"
-            print(f"{tag} {label}: {who}", flush=True)
+            say(f"{'workers' if event.attempt == 0 else f'restart {event.attempt}: workers'}: {who}")
+            self.display.update(self.name, state="running", total=self.spec.train.steps)
         elif isinstance(event, RunStarted):
             for skipped in event.skipped:
-                print(f"{tag} skipped {skipped['checkpoint']}: {skipped['reason']}", flush=True)
+                say(f"skipped {skipped['checkpoint']}: {skipped['reason']}")
             if event.attempt:
-                print(
-                    f"{tag} restarted from the checkpoint at step {event.step}"
+                say(
+                    f"restarted from the checkpoint at step {event.step}"
                     if event.step
-                    else f"{tag} restarted from scratch (no checkpoint yet)",
-                    flush=True,
+                    else "restarted from scratch (no checkpoint yet)"
                 )
             elif event.step:
-                print(f"{tag} resuming at step {event.step}", flush=True)
+                say(f"resuming at step {event.step}")
             self.last_step = event.step
         elif isinstance(event, CheckpointSaved):
             self.last_checkpoint = event.uri
-            print(f"{tag} checkpoint at step {event.step}: {event.uri}", flush=True)
+            say(f"checkpoint at step {event.step}: {event.uri}")
         elif isinstance(event, WorkerFailed):
-            print(f"{tag} rank {event.rank} failed: {event.reason}", flush=True)
+            say(f"rank {event.rank} failed: {event.reason}")
         elif isinstance(event, Records):
             for r in event.records:
                 self._show_record(r)
@@ -222,21 +234,36 @@ class Attempt:
     def _show_record(self, r: dict) -> None:
         step = r.get("step")
         self.last_step = step
-        if "loss" in r:
-            self.step_times = (self.step_times + [(r.get("time", time.time()), step)])[-20:]
-            total = f"/{self.spec.train.steps}" if self.spec.train.steps else ""
-            print(
-                f"{self.tag} step {step}{total}  loss {r['loss']:.4f}  {r.get('samples_per_s', 0):,.0f} "
-                f"samples/s  lr {r.get('lr', 0):.2e}",
-                flush=True,
-            )
-        else:
+        if "loss" not in r:
             evals = "  ".join(
                 f"{k.removeprefix('eval_')} {v:.4f}"
                 for k, v in r.items()
                 if k.startswith("eval_") and isinstance(v, (int, float))
             )
-            print(f"{self.tag} eval at step {step}: {evals}", flush=True)
+            self.display.event(self.name, f"eval at step {step}: {evals}")
+            return
+        self.step_times = (self.step_times + [(r.get("time", time.time()), step)])[-20:]
+        total = self.spec.train.steps
+        rate, unit = (
+            (r["tokens_per_s"], "tokens/s")
+            if r.get("tokens_per_s")
+            else (r.get("samples_per_s", 0), "samples/s")
+        )
+        eta = None
+        if total and len(self.step_times) >= 2 and self.progress()["step_time_s"]:
+            eta = (total - step) * self.progress()["step_time_s"]
+        self.display.progress(
+            self.name,
+            f"step {step}{f'/{total}' if total else ''}  loss {r['loss']:.4f}  "
+            f"{r.get('samples_per_s', 0):,.0f} samples/s  lr {r.get('lr', 0):.2e}",
+            state="running",
+            step=step,
+            total=total,
+            loss=r["loss"],
+            rate=rate,
+            rate_unit=unit,
+            eta_s=eta,
+        )
 
 
 class QueuedJob:
@@ -245,8 +272,8 @@ class QueuedJob:
 
     WAIT_S = 1.0
 
-    def __init__(self, spec: JobSpec, service, job_id: str | None):
-        self.spec, self.service, self.tag = spec, service, f"[{spec.name}]"
+    def __init__(self, spec: JobSpec, service, job_id: str | None, display: Display):
+        self.spec, self.service, self.display, self.name = spec, service, display, spec.name
         submission = service_client.own_submission_id()
         if job_id:
             view = service_client.call(service.attach, job_id, submission)
@@ -258,16 +285,18 @@ class QueuedJob:
                 service_client.package_if_in_ray_job(),
             )
         self.job_id, self.run_id, self.attempt = view["id"], view["run"], view["attempt"]
-        print(
-            f"{self.tag} queued as {self.job_id} (priority {view['priority']}); checkpoints in "
+        display.event(
+            self.name,
+            f"queued as {self.job_id} (priority {view['priority']}); checkpoints in "
             f"{storage.join(spec.checkpoint.storage, self.run_id)}",
-            flush=True,
         )
+        display.update(self.name, state="queued", total=spec.train.steps)
 
     def run(self) -> dict:
         while True:
             admitted = self._wait_admission()
             if admitted is None:  # stopped while queued
+                self.display.update(self.name, state="stopped")
                 return {
                     "job": self.spec.name,
                     "run": self.run_id,
@@ -282,23 +311,24 @@ class QueuedJob:
             if self.attempt > 1:  # a later admission continues the job's own checkpoints
                 spec = spec.model_copy(deep=True)
                 spec.checkpoint.resume = "auto"
-            nodes = len(admitted["placement"])
-            print(
-                f"{self.tag} admitted (attempt {self.attempt}): {spec.resources.num_workers} worker(s) "
-                f"on {nodes} node(s)",
-                flush=True,
+            self.display.event(
+                self.name,
+                f"admitted (attempt {self.attempt}): {spec.resources.num_workers} "
+                f"worker(s) on {len(admitted['placement'])} node(s)",
             )
-            summary = Attempt(spec, self.run_id, admitted["placement"], queued=self).run()
+            self.display.update(self.name, state="admitted", note=None)
+            summary = Attempt(spec, self.run_id, admitted["placement"], self.display, queued=self).run()
             status = summary["status"]
             outcome = {"stopped_early": "succeeded"}.get(status, status)
             service_client.call(self.service.finished, self.job_id, self.attempt, outcome, summary)
+            self.display.update(self.name, state=outcome)
             if outcome != "preempted":
                 summary["job_id"] = self.job_id
                 return summary
-            print(
-                f"{self.tag} preempted at step {summary.get('steps')}: back in the queue; it resumes "
-                f"from {summary.get('checkpoint')}",
-                flush=True,
+            self.display.event(
+                self.name,
+                f"preempted at step {summary.get('steps')}: back in the queue; it "
+                f"resumes from {summary.get('checkpoint')}",
             )
 
     def _wait_admission(self) -> dict | None:
@@ -313,7 +343,8 @@ class QueuedJob:
                 f"queued behind {state['ahead']} job(s)" if state["ahead"] else "queued"
             )
             if line != shown:
-                print(f"{self.tag} {line}", flush=True)
+                self.display.event(self.name, line)
+                self.display.update(self.name, state=state["state"], note=line)
                 shown = line
             time.sleep(self.WAIT_S)
 

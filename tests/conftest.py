@@ -157,3 +157,86 @@ def ray_head():
         yield head
     finally:
         stop_ray_head(head)
+
+
+# --- an orchestrator service on a cluster of its own (tests/test_service.py, test_monitoring.py)
+
+
+SERVICE_SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
+
+
+class Service:
+    def __init__(self, head, home: Path, store: Path, runs: Path):
+        self.head, self.home, self.store, self.runs = head, home, store, runs
+        self.env = {**head.env, "ORCHESTRATOR_HOME": str(home)}
+
+    def cli(self, *args, timeout=240):
+        return run_cli(*args, env=self.env, timeout=timeout)
+
+    def submit(self, *sets, priority=None, steps=30, name=None) -> str:
+        args = [
+            "submit",
+            SERVICE_SPEC,
+            "--set",
+            "resources.custom_per_worker.slot=1",
+            "--set",
+            f"train.steps={steps}",
+            "--set",
+            f"checkpoint.storage={self.runs}",
+            "--set",
+            "metrics.log_every=5",
+        ]
+        if name:
+            args += ["--set", f"name={name}"]
+        for s in sets:
+            args += ["--set", s]
+        if priority is not None:
+            args += ["--priority", str(priority)]
+        result = self.cli(*args)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        return result.stdout.split()[0]
+
+    def job(self, job_id: str) -> dict:
+        return json.loads((self.store / "jobs" / f"{job_id}.json").read_text())
+
+    def wait(self, job_id: str, predicate, timeout=240, what="") -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            path = self.store / "jobs" / f"{job_id}.json"
+            if path.exists():
+                job = json.loads(path.read_text())
+                if predicate(job):
+                    return job
+                if job["state"] in ("failed", "stopped") and "failed" not in what:
+                    raise AssertionError(f"{job_id} {job['state']}: {job.get('reason')}")
+            time.sleep(0.5)
+        raise AssertionError(f"{job_id}: timed out waiting for {what or predicate}: {self.job(job_id)}")
+
+    def done(self, job_id: str, timeout=300) -> dict:
+        return self.wait(job_id, lambda j: j["state"] == "succeeded", timeout, "success")
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("service")
+    head = start_ray_head(num_cpus=8, resources={"slot": 3})
+    svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
+    try:
+        up = svc.cli(
+            "up",
+            "--address",
+            head.address,
+            "--store",
+            str(svc.store),
+            "--start-deadline",
+            "120",
+            "--metrics-port",
+            "0",
+        )
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "orchestrator service up" in up.stdout and head.dashboard in up.stdout
+        svc.page = json.loads((svc.home / "cluster.json").read_text())["status_page"]
+        yield svc
+    finally:
+        svc.cli("down", timeout=60)
+        stop_ray_head(head)

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.metrics_log import read_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 VIT_JOB, GPT_JOB = ROOT / "jobs/convnet.yaml", ROOT / "jobs/gpt.yaml"
 STEPS = 20
@@ -114,9 +116,9 @@ def copy_checkpoint(base: Path, source: str, target: str, job: Path, step: int =
     shutil.copytree(src, dst)
 
 
-def losses(metrics_file: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if "loss" in r}
+def losses(run_dir: Path) -> dict[int, float]:
+    """{step: loss} of a run's metrics log."""
+    return {r["step"]: r["loss"] for r in read_metrics(str(run_dir)) if "loss" in r}
 
 
 @dataclass
@@ -126,7 +128,7 @@ class Run:
 
     @property
     def losses(self) -> dict[int, float]:
-        return losses(self.directory / "metrics.jsonl")
+        return losses(self.directory)
 
 
 def _train(job: Path, overrides_: list[str]) -> dict:

@@ -57,7 +57,7 @@ def test_a_two_worker_checkpoint_resumes_on_one_worker(runs, tmp_path):
         tmp_path, runs["fsdp2"].directory / "checkpoint_00000010", "train.grad_accum=2"
     )
     assert summary["status"] == "succeeded" and summary["world_size"] == 1
-    two, one = runs["fsdp2"].losses, losses(run_dir / "metrics.jsonl")
+    two, one = runs["fsdp2"].losses, losses(run_dir)
     for step in range(11, 21):
         assert abs(one[step] - two[step]) <= CROSS_WORLD_TOL * abs(two[step]), step
 

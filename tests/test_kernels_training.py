@@ -1,12 +1,11 @@
 """Models train with every op on the Triton kernels (CPU interpreter) as on the torch path."""
 
-import json
-
 import pytest
 
 from orchestrator.spec import load_spec
 from tests.conftest import ROOT
 from workers.context import LocalContext
+from workers.metrics_log import read_metrics
 from workers.trainer import train
 
 ALL_TRITON = [
@@ -54,8 +53,8 @@ def step_losses(tmp_path, name, overrides):
     )
     summary = train(spec, LocalContext(spec))
     assert summary["status"] == "succeeded"
-    lines = (tmp_path / name / spec.name / "metrics.jsonl").read_text().splitlines()
-    return [r["loss"] for r in map(json.loads, lines) if "loss" in r], summary["eval"]["eval_loss"]
+    records = read_metrics(str(tmp_path / name / spec.name))
+    return [r["loss"] for r in records if "loss" in r], summary["eval"]["eval_loss"]
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, run_cli
+from workers.checkpoint import incomplete_reason
+from workers.metrics_log import read_metrics
 
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits: loads instantly
 
@@ -30,9 +32,8 @@ def run(head, storage, *overrides, summary=None, env=None, address=True, timeout
     return run_cli(*args, env={**head.env, **(env or {})}, timeout=timeout)
 
 
-def train_steps(metrics_file: Path) -> list[int]:
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-    return [r["step"] for r in records if "loss" in r]
+def train_steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(str(run_dir)) if "loss" in r]
 
 
 def checkpoints(run_dir: Path) -> list[str]:
@@ -67,7 +68,7 @@ def test_ddp_job_checkpoints_to_storage_and_resumes(ray_head, tmp_path):
         "checkpoint_00000015",
         "checkpoint_00000020",
     ]  # checkpoint.keep: 3
-    assert train_steps(run_dir / "metrics.jsonl") == [5, 10, 15, 20]
+    assert train_steps(run_dir) == [5, 10, 15, 20]
 
 
 def _read_until(process, pattern: str, lines: list, deadline: float) -> str:
@@ -130,7 +131,7 @@ def test_killed_worker_restarts_from_last_checkpoint(ray_head, tmp_path):
     assert summary["steps"] == summary["total_steps"] == steps  # what an undisturbed run does
     assert "restart 1: workers:" in output and "restarted from the checkpoint at step" in output
     # the log as of the checkpoint was kept and continued: every step once, none lost
-    assert train_steps(tmp_path / "convnet-digits" / "metrics.jsonl") == list(range(20, steps + 1, 20))
+    assert train_steps(tmp_path / "convnet-digits") == list(range(20, steps + 1, 20))
 
 
 @pytest.mark.timeout(300)
@@ -143,7 +144,8 @@ def test_local_cluster_run_fails_on_nan_and_keeps_the_last_good_checkpoint(ray_h
         "train.steps=10",
         "checkpoint.every_steps=1",
         "metrics.log_every=1",
-        "optimizer.weight_decay=1e30",
+        "optimizer.lr=10",  # decoupled weight decay multiplies each weight by 1 - 10 x 10 per step
+        "optimizer.weight_decay=10",
         address=False,
         summary=tmp_path / "summary.json",
         env={"HOME": str(tmp_path)},
@@ -155,9 +157,10 @@ def test_local_cluster_run_fails_on_nan_and_keeps_the_last_good_checkpoint(ray_h
     assert "Traceback" not in result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed"
-    good = tmp_path / "convnet-digits" / "checkpoint_00000001"
-    assert checkpoints(good.parent) == ["checkpoint_00000001"]
-    assert (good / "trainer.pt").exists() and (good / ".metadata").exists()
+    bad_step = int(reason[-1].rsplit("step ", 1)[1])
+    newest = tmp_path / "convnet-digits" / checkpoints(tmp_path / "convnet-digits")[-1]
+    assert newest.name == f"checkpoint_{bad_step - 1:08d}"  # the last good step was kept
+    assert incomplete_reason(str(newest)) is None
 
 
 @pytest.mark.timeout(120)
@@ -183,8 +186,8 @@ def test_unusable_storage_fails_before_any_worker_starts(ray_head, tmp_path, sto
 
 
 def test_spec_errors_exit_2_before_touching_a_cluster(ray_head, tmp_path):
-    result = run(ray_head, tmp_path, "data.source=parquet", f"data.path={tmp_path}/missing")
-    assert result.returncode == 2 and "data.path" in result.stderr
+    result = run(ray_head, tmp_path, "train.steps=0")
+    assert result.returncode == 2 and "train.steps: 0 is out of range" in result.stderr
     assert "Traceback" not in result.stderr
 
 

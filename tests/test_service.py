@@ -17,75 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli, start_ray_head, stop_ray_head
+from tests.conftest import ROOT
+from workers.metrics_log import read_metrics
 
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
-
-
-class Service:
-    def __init__(self, head, home: Path, store: Path, runs: Path):
-        self.head, self.home, self.store, self.runs = head, home, store, runs
-        self.env = {**head.env, "ORCHESTRATOR_HOME": str(home)}
-
-    def cli(self, *args, timeout=240):
-        return run_cli(*args, env=self.env, timeout=timeout)
-
-    def submit(self, *sets, priority=None, steps=30, name=None) -> str:
-        args = [
-            "submit",
-            SPEC,
-            "--set",
-            "resources.custom_per_worker.slot=1",
-            "--set",
-            f"train.steps={steps}",
-            "--set",
-            f"checkpoint.storage={self.runs}",
-            "--set",
-            "metrics.log_every=5",
-        ]
-        if name:
-            args += ["--set", f"name={name}"]
-        for s in sets:
-            args += ["--set", s]
-        if priority is not None:
-            args += ["--priority", str(priority)]
-        result = self.cli(*args)
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-        return result.stdout.split()[0]
-
-    def job(self, job_id: str) -> dict:
-        return json.loads((self.store / "jobs" / f"{job_id}.json").read_text())
-
-    def wait(self, job_id: str, predicate, timeout=240, what="") -> dict:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            path = self.store / "jobs" / f"{job_id}.json"
-            if path.exists():
-                job = json.loads(path.read_text())
-                if predicate(job):
-                    return job
-                if job["state"] in ("failed", "stopped") and "failed" not in what:
-                    raise AssertionError(f"{job_id} {job['state']}: {job.get('reason')}")
-            time.sleep(0.5)
-        raise AssertionError(f"{job_id}: timed out waiting for {what or predicate}: {self.job(job_id)}")
-
-    def done(self, job_id: str, timeout=300) -> dict:
-        return self.wait(job_id, lambda j: j["state"] == "succeeded", timeout, "success")
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("service")
-    head = start_ray_head(num_cpus=8, resources={"slot": 3})
-    svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
-    try:
-        up = svc.cli("up", "--address", head.address, "--store", str(svc.store), "--start-deadline", "120")
-        assert up.returncode == 0, up.stdout + up.stderr
-        assert "orchestrator service up" in up.stdout and head.dashboard in up.stdout
-        yield svc
-    finally:
-        svc.cli("down", timeout=60)
-        stop_ray_head(head)
 
 
 def events(job: dict) -> list[str]:
@@ -96,9 +31,8 @@ def when(job: dict, event: str, nth: int = 0) -> float:
     return [e["time"] for e in job["history"] if e["event"] == event][nth]
 
 
-def train_steps(metrics_file: Path) -> list[int]:
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-    return [r["step"] for r in records if "loss" in r]
+def train_steps(run_dir: Path) -> list[int]:
+    return [r["step"] for r in read_metrics(str(run_dir)) if "loss" in r]
 
 
 @pytest.mark.timeout(600)
@@ -127,7 +61,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
     assert when(h, "admitted") >= when(lo, "preempted")
     assert when(lo, "admitted", 1) >= when(h, "succeeded")
     assert lo["step"] == 60 and lo["attempt"] == 2
-    steps = train_steps(service.runs / "low" / "metrics.jsonl")
+    steps = train_steps(service.runs / "low")
     assert steps == list(range(5, 61, 5))  # each step once, across the preemption
     status = service.cli("status", low)
     assert "preempted (step" in status.stdout and "steps lost: 0" in status.stdout
@@ -219,7 +153,7 @@ def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(ser
     resumed = job["summary"]["resumed_from_step"]
     assert resumed >= 100 and resumed % 100 == 0
     assert job["summary"]["resumed_from"]["checkpoint"].endswith(f"checkpoint_{resumed:08d}")
-    steps = train_steps(service.runs / "survivor" / "metrics.jsonl")
+    steps = train_steps(service.runs / "survivor")
     assert steps == list(range(5, 1501, 5))  # each step once
 
 

@@ -212,7 +212,7 @@ def test_bad_input_is_one_line_quickly(tmp_path, name, data, words):
     assert len(problems) == 1, problems
     assert words in problems[0], problems
     assert "\n" not in problems[0] and len(problems[0]) <= 500
-    assert elapsed < 0.5, f"{name} took {elapsed:.2f} s"
+    assert elapsed < 2.0, f"{name} took {elapsed:.2f} s"  # bounded: never the minutes a bomb would take
 
 
 @pytest.mark.parametrize("name,data,words", CASES, ids=IDS)

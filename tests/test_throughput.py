@@ -10,6 +10,7 @@ import torch
 from tests.conftest import ROOT
 from workers import throughput
 from workers.data import DataInfo
+from workers.metrics_log import read_metrics
 
 
 def tokens_info(seq_len, vocab):
@@ -125,7 +126,7 @@ def test_the_trainer_reports_steady_state_throughput(tmp_path):
     assert rates["tflops_per_worker"] == pytest.approx(
         rates["flops_per_step"] / 1e12 / rates["step_time_s"], rel=1e-6
     )
-    records = [json.loads(line) for line in (tmp_path / spec.name / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(str(tmp_path / spec.name))
     assert all("tflops_per_worker" in r and "tokens_per_s" in r for r in records if "loss" in r)
 
 

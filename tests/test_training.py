@@ -8,12 +8,12 @@ import pytest
 from orchestrator.spec import load_spec
 from tests.conftest import ROOT, run_cli
 from workers.context import LocalContext
+from workers.metrics_log import read_metrics
 from workers.trainer import train
 
 
-def losses(metrics_file) -> dict[int, float]:
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if "loss" in r}
+def losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(str(run_dir)) if "loss" in r}
 
 
 def local_train(spec_path, tmp_path, *overrides):
@@ -50,7 +50,7 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(tmp_path):
     _, summary2 = local_train(spec_path, tmp_path / "resumed", *VIT_DIGITS)
     assert summary2["steps"] == 16
 
-    first, second = losses(run_dir / "metrics.jsonl"), losses(resumed / "metrics.jsonl")
+    first, second = losses(run_dir), losses(resumed)
     assert sorted(second) == list(range(1, 17))  # the log holds steps 1-8 from the checkpoint
     for step in range(9, 17):
         assert second[step] == first[step], f"step {step}: {second[step]} != {first[step]}"
@@ -129,8 +129,8 @@ def test_ddp_with_accumulation_matches_one_process_with_the_combined_batch(tmp_p
         "--set=train.grad_accum=2",
     )
     assert ddp.returncode == 0, ddp.stderr
-    one = losses(tmp_path / "one/convnet-digits/metrics.jsonl")
-    two = losses(tmp_path / "two/convnet-digits/metrics.jsonl")
+    one = losses(tmp_path / "one/convnet-digits")
+    two = losses(tmp_path / "two/convnet-digits")
     assert sorted(one) == sorted(two) == list(range(1, 13))
     for step in one:
         assert abs(one[step] - two[step]) <= 1e-5, f"step {step}: {one[step]} vs {two[step]}"

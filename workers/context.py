@@ -7,7 +7,6 @@ The Ray Train adapter lives with the driver and implements the same methods.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -22,6 +21,7 @@ import torch.distributed as dist
 from orchestrator.spec import JobSpec
 from workers import storage
 from workers.checkpoint import checkpoint_name, checkpoint_step, incomplete_reason, newest_complete
+from workers.run_log import RunLog
 
 log = logging.getLogger("workers")
 
@@ -71,6 +71,9 @@ class RunContext:
     def restore_metrics(self, history: list[dict]) -> None:
         """After a resume: the log as of the checkpoint replaces whatever came later."""
 
+    def flush_metrics(self) -> None:
+        """The run has ended: what is buffered goes to the metrics log now."""
+
     def finish(self, summary: dict) -> None: ...
 
     def teardown(self) -> None: ...
@@ -116,7 +119,7 @@ class LocalContext(RunContext):
         self.name = run_name(spec)
         self.run_uri = storage.join(spec.checkpoint.storage, self.name)
         self._tmp = Path(tempfile.mkdtemp(prefix="orchestrator-"))
-        self._metrics_path: Path | None = None
+        self._log: RunLog | None = None  # rank 0's metrics log
 
     def setup(self) -> None:
         # torchrun on a GPU machine trains on GPUs; gpus_per_worker only sizes Ray reservations
@@ -126,8 +129,7 @@ class LocalContext(RunContext):
             dist.init_process_group(backend, device_id=self.device if backend == "nccl" else None)
         if self.is_main:
             storage.check_writable(self.run_uri)
-            if storage.is_local(self.run_uri):
-                self._metrics_path = Path(storage.resolve(self.run_uri)[1]) / "metrics.jsonl"
+            self._log = RunLog(self.run_uri, tensorboard=self.spec.metrics.tensorboard)
 
     # -- checkpoints --------------------------------------------------------------
 
@@ -164,16 +166,20 @@ class LocalContext(RunContext):
     # -- metrics --------------------------------------------------------------------
 
     def log_metrics(self, record: dict) -> None:
-        if self._metrics_path is not None:
-            with open(self._metrics_path, "a") as out:
-                out.write(json.dumps(record) + "\n")
+        if self._log is not None:
+            self._log.append([record])
 
     def restore_metrics(self, history: list[dict]) -> None:
-        if self._metrics_path is not None:
-            with open(self._metrics_path, "w") as out:
-                out.writelines(json.dumps(r) + "\n" for r in history)
+        if self._log is not None:
+            self._log.rewind(history)
+
+    def flush_metrics(self) -> None:
+        if self._log is not None:
+            self._log.flush()
 
     def teardown(self) -> None:
+        if self._log is not None:
+            self._log.close()
         shutil.rmtree(self._tmp, ignore_errors=True)
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -198,3 +198,64 @@ class Meter:
             # the first step compiles every graph of the training step
             out["compile_s"] = max(self.first_step_s - step_s, 0.0)
         return out
+
+
+class PhaseTimer:
+    """Mean time per step in each phase of the loop, over one logging interval.
+
+    data: waiting for the next batch (host time: that is what the loop loses to the loader);
+    compute: forward and backward; optimizer: unscale, clip, step, zero_grad. On a GPU the last
+    two are CUDA events (no host sync; read at logging steps, right after the loop's own sync),
+    so they are the device's time, not the launch time; on a CPU the host clock is exact."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._totals: dict[str, float] = {}
+        self._events: list[tuple[str, Any, Any]] = []
+        self._steps = 0
+
+    @contextlib.contextmanager
+    def host(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._totals[name] = self._totals.get(name, 0.0) + time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def device(self, name: str):
+        if not self.cuda:
+            with self.host(name):
+                yield
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        try:
+            yield
+        finally:
+            end.record()
+            self._events.append((name, start, end))
+
+    def step_done(self) -> None:
+        self._steps += 1
+
+    def means(self) -> dict[str, float]:
+        """{"data_s", "compute_s", "optimizer_s"}: means per step since the last call (then reset)."""
+        for name, start, end in self._events:
+            end.synchronize()
+            self._totals[name] = self._totals.get(name, 0.0) + start.elapsed_time(end) / 1e3
+        steps = max(self._steps, 1)
+        out = {f"{name}_s": total / steps for name, total in self._totals.items()}
+        self._totals, self._events, self._steps = {}, [], 0
+        return out
+
+
+def memory_fields(device: torch.device) -> dict[str, int]:
+    """Device memory of this worker (CUDA only): current, peak active, peak reserved bytes."""
+    if device.type != "cuda":
+        return {}
+    return {
+        "memory_allocated_bytes": torch.cuda.memory_allocated(device),
+        "memory_peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+        "memory_peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+    }

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -53,6 +54,16 @@ def padded_logits(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     ):
         return base, logits.shape[-1]
     return logits, logits.shape[-1]
+
+
+def _size(uri: str) -> int | None:
+    """Bytes under a checkpoint directory (any storage); None when it cannot be listed."""
+    try:
+        fs, path = storage.resolve(uri)
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+    except Exception:  # accounting must never stop training
+        return None
 
 
 # what rank 0 puts into the all-reduce for a stop request
@@ -122,6 +133,10 @@ class Trainer:
             compiled=spec.precision.compile,
         )
         self.pending_save: checkpoint.PendingSave | None = None
+        self.timer = throughput.PhaseTimer(self.device)
+        self.grad_norm: torch.Tensor | None = None
+        self.saved: dict = {}  # the newest checkpoint save's time and size, for the next record
+        self.last_eval: dict = {}
         self.checkpoint_blocked_s, self.checkpoint_saves = 0.0, 0
         self.state = TrainState()
         self.last_checkpoint: str | None = None
@@ -187,8 +202,22 @@ class Trainer:
         """Checkpoint the current step; the time training waits here is `checkpoint_blocked_s`."""
         started = time.perf_counter()
         self._save()
-        self.checkpoint_blocked_s += time.perf_counter() - started
+        blocked = time.perf_counter() - started
+        self.checkpoint_blocked_s += blocked
         self.checkpoint_saves += 1
+        self.saved["checkpoint_save_s"] = blocked
+        if self.ctx.is_main and self.last_checkpoint and self.last_saved_step == self.state.step:
+            self.saved["checkpoint_bytes"] = _size(self.last_checkpoint)
+
+    def _interval_fields(self) -> dict:
+        """Per-interval fields of a logged record: the rank, the step time split, the gradient
+        norm, device memory, and the newest checkpoint save (once)."""
+        fields = {"rank": self.ctx.rank, **self.timer.means(), **throughput.memory_fields(self.device)}
+        if self.grad_norm is not None:
+            fields["grad_norm"] = float(self.grad_norm)
+        fields.update(self.saved)
+        self.saved = {}
+        return fields
 
     def _save(self) -> None:
         trainer_state = {
@@ -280,19 +309,25 @@ class Trainer:
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             last = i == accum - 1
             with no_gradient_sync(self.model) if not last else contextlib.nullcontext():
-                with self.precision.autocast():
+                with self.timer.device("compute"), self.precision.autocast():
                     logits = self.model(x)
-                loss = self.loss(logits, y, self.spec.train.label_smoothing) / accum
-                self.precision.scaler.scale(loss).backward()
+                with self.timer.device("compute"):
+                    loss = self.loss(logits, y, self.spec.train.label_smoothing) / accum
+                    self.precision.scaler.scale(loss).backward()
             total += loss.detach()
         scaler = self.precision.scaler
-        if self.spec.train.clip_grad_norm:
-            scaler.unscale_(self.optimizer)
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.train.clip_grad_norm)
-        scaler.step(self.optimizer)
-        scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        with self.timer.device("optimizer"):
+            if self.spec.train.clip_grad_norm:
+                scaler.unscale_(self.optimizer)
+                # the norm before clipping, kept as a tensor: read only at logging steps
+                self.grad_norm = nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.spec.train.clip_grad_norm
+                )
+            scaler.step(self.optimizer)
+            scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        self.timer.step_done()
         return total
 
     def run(self) -> dict:
@@ -315,7 +350,9 @@ class Trainer:
         try:
             batches = self.batches.iterate(state.step)
             while state.step < self.total_steps:
-                loss = self.step(next(batches))
+                with self.timer.host("data"):
+                    micro_batches = next(batches)
+                loss = self.step(micro_batches)
                 nonfinite |= ~torch.isfinite(loss)
                 state.step += 1
                 meter.step_done()
@@ -339,6 +376,8 @@ class Trainer:
                     last_log_time, last_log_step = now, state.step
                     record = {
                         "step": state.step,
+                        "epoch": state.step / self.batches.steps_per_epoch,
+                        **self._interval_fields(),
                         "loss": loss_sum / ctx.world_size,
                         "lr": self.scheduler.get_last_lr()[0],
                         "samples_per_s": rate,
@@ -376,13 +415,16 @@ class Trainer:
         self.publish_pending()  # an async checkpoint still being written (a good one, even on failure)
         elapsed = time.perf_counter() - start
         eval_metrics = {}
-        if status in ("succeeded", "stopped_early"):
+        if status == "succeeded":
             eval_metrics = self.evaluate()
             if eval_metrics:
                 self._log_eval(eval_metrics, progress)
+        elif status == "stopped_early":  # it just evaluated this very step
+            eval_metrics = self.last_eval
         if status != "failed" and self.last_saved_step != state.step:
             self.save()  # the final step; or the step a preempted or stopped run resumes from
             self.publish_pending()
+        ctx.flush_metrics()
         samples_per_s = rates["samples_per_s"] or rate
         train_losses = [r["loss"] for r in state.history if "loss" in r]
         summary = {
@@ -415,6 +457,7 @@ class Trainer:
         if not metrics:
             return False
         self._log_eval(metrics, progress)
+        self.last_eval = metrics
         early = self.spec.train.early_stopping
         if early is None:
             return False

@@ -45,6 +45,14 @@ def register(sub) -> None:
         metavar="QUEUE=RES:N[,RES:N]",
         help="a queue's quota, e.g. research=GPU:8 (repeatable)",
     )
+    up.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="where the status page and /metrics listen (default 127.0.0.1; 0.0.0.0 for every address)",
+    )
+    up.add_argument(
+        "--metrics-port", type=int, default=8266, help="their port (default 8266; 0 picks a free one)"
+    )
     up.add_argument("--no-preemption", action="store_true", help="never preempt running jobs")
     up.add_argument("--no-backfill", action="store_true", help="start jobs strictly in queue order")
     up.add_argument(
@@ -142,11 +150,20 @@ def handle_up(args) -> int:
             "backfill": not args.no_backfill,
             "preemption": not args.no_preemption,
             "start_deadline_s": args.start_deadline,
+            "web_host": args.metrics_host,
+            "web_port": args.metrics_port,
         }
         service = existing or ServiceActor.options(**service_options()).remote(config)
         info = client.call(service.info, retries=30)
     cluster.write_state(
-        {**recorded, **state, "address": address, "dashboard": dashboard, "store": info["store"]}
+        {
+            **recorded,
+            **state,
+            "address": address,
+            "dashboard": dashboard,
+            "store": info["store"],
+            "status_page": info.get("status_page"),
+        }
     )
     verb = "already running" if existing else "up"
     print(
@@ -156,6 +173,8 @@ def handle_up(args) -> int:
     print(f"  cluster:   {address}")
     print(f"  dashboard: {dashboard}")
     print(f"  job store: {info['store']}")
+    if info.get("status_page"):
+        print(f"  status:    {info['status_page']}   (Prometheus: {info['status_page'].rstrip('/')}/metrics)")
     print("  submit a job with: orchestrator submit jobs/vit.yaml")
     return 0
 

@@ -20,6 +20,7 @@ waiting; a job whose driver died is started again from its package by the servic
 
 from __future__ import annotations
 
+import collections
 import io
 import logging
 import secrets
@@ -31,12 +32,15 @@ from typing import Any
 
 import ray
 
+from orchestrator.monitoring.exporter import registry_for
+from orchestrator.monitoring.web import make_app, serve
 from orchestrator.scheduler.policy import Policy
 from orchestrator.scheduler.runner import TERMINAL, JobRunner, submission_id, write_spec
 from orchestrator.scheduler.store import JobRecord, JobState, Store
 from orchestrator.scheduler.types import Allocation, JobRequest, Node
 from workers import storage
 from workers.checkpoint import checkpoint_step
+from workers.metrics_log import read_metrics
 
 SERVICE_NAME = "orchestrator"
 NAMESPACE = "orchestrator"
@@ -57,6 +61,8 @@ class ServiceConfig:
     quotas: dict[str, dict[str, float]] = field(default_factory=dict)
     backfill: bool = True
     preemption: bool = True
+    web_host: str = "127.0.0.1"  # the status page and /metrics; 0.0.0.0 to reach them from elsewhere
+    web_port: int = 8266  # 0: any free port (its URL is in `info()`)
 
 
 def worker_resources(spec: dict) -> dict[str, float]:
@@ -93,7 +99,20 @@ class OrchestratorService:
         self.started_at = time.time()
         self.last_pass_s = 0.0
         self.lock = threading.RLock()
+        self.live: dict[str, LiveMetrics] = {}  # newest metrics of the jobs that report (memory only)
         self._closing = threading.Event()
+        self.page, self.page_url = None, None
+        try:
+            self.page, self.page_url = serve(
+                make_app(PageView(self), registry_for(self)), self.config.web_host, self.config.web_port
+            )
+        except OSError as err:  # the queue matters more than the page: keep scheduling
+            log.error(
+                "status page and metrics not served on %s:%s: %s",
+                self.config.web_host,
+                self.config.web_port,
+                err,
+            )
         log.info(
             "orchestrator service generation %d: %d jobs in %s",
             self.generation,
@@ -452,6 +471,12 @@ class OrchestratorService:
             job.last_seen = time.time()
             if attempt != job.attempt:
                 return {"stop": "stop", "reason": "a newer attempt of this job runs"}
+            live = self.live.setdefault(job_id, LiveMetrics())
+            if progress.get("rewound"):
+                live.clear()
+            live.add(progress.get("records") or [])
+            if progress.get("restarts") is not None:
+                live.restarts = int(progress["restarts"])
             changed = False
             for key in ("step", "total_steps", "step_time_s"):
                 if progress.get(key) is not None and getattr(job, key) != progress[key]:
@@ -547,6 +572,8 @@ class OrchestratorService:
             for j in self.jobs.values():
                 counts[j.state.value] = counts.get(j.state.value, 0) + 1
             return {
+                "status_page": self.page_url,
+                "resources": {"total": self._total(), "busy": self._busy()},
                 "generation": self.generation,
                 "store": self.config.store,
                 "dashboard": self.config.dashboard,
@@ -559,8 +586,66 @@ class OrchestratorService:
     def shutdown(self) -> None:
         """Stop scheduling and give the lease back (`orchestrator down`)."""
         self._closing.set()
+        if self.page is not None:
+            self.page.stop()
         with self.lock:
             self.store.release_lease(self.owner)
+
+    # -- monitoring ----------------------------------------------------------------------------
+
+    def _total(self) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for node in self.nodes:
+            for name, amount in node.capacity.items():
+                total[name] = total.get(name, 0.0) + amount
+        return total
+
+    def _busy(self) -> dict[str, float]:
+        busy: dict[str, float] = {}
+        for job in self.jobs.values():
+            if job.state.holds_resources:
+                for name, amount in job.per_worker.items():
+                    busy[name] = busy.get(name, 0.0) + amount * job.workers
+        return busy
+
+    def exporter_snapshot(self) -> dict[str, Any]:
+        """What the Prometheus collector reads at each scrape (see monitoring/exporter.py)."""
+        with self.lock:
+            jobs = []
+            for job in self.jobs.values():
+                view = self._view(job, history=False)
+                live = self.live.get(job.id)
+                view.update(live.snapshot() if live else {})
+                view["restarts"] = (live.restarts if live else 0) + sum(
+                    1 for e in job.history if e["event"] == "driver-exited"
+                )
+                jobs.append(view)
+            nodes = [{"id": n.id, "capacity": dict(n.capacity)} for n in self.nodes]
+            return {"jobs": jobs, "nodes": nodes, "busy": self._busy()}
+
+    def metrics_since(self, job_id: str, since_step: int) -> list[dict]:
+        """A job's metrics records after `since_step`: from memory while it reports, else from its
+        metrics log in storage."""
+        with self.lock:
+            job = self._job(job_id)
+            live = self.live.get(job_id)
+            if live is not None and live.records:
+                return [r for r in live.records if r.get("step", 0) > since_step]
+            run_uri = storage.join(job.spec.get("checkpoint", {}).get("storage", "./runs"), job.run)
+        try:
+            return [r for r in read_metrics(run_uri) if r.get("step", 0) > since_step]
+        except (FileNotFoundError, OSError):
+            return []
+
+    def checkpoints(self, job_id: str) -> list[str]:
+        with self.lock:
+            job = self._job(job_id)
+            run_uri = storage.join(job.spec.get("checkpoint", {}).get("storage", "./runs"), job.run)
+        try:
+            names = [n for n in storage.list_dirs(run_uri) if checkpoint_step(n) is not None]
+        except OSError:
+            return []
+        return [storage.join(run_uri, n) for n in sorted(names)]
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -579,6 +664,72 @@ class OrchestratorService:
         view["remaining_s"] = job.remaining_s
         view["submission"] = submission_id(job.id, job.attempt) if job.attempt else None
         return view
+
+
+class LiveMetrics:
+    """The newest metrics records of a job, as its driver reports them (kept in memory: the
+    durable copy is the job's metrics log in storage)."""
+
+    KEEP = 5000
+
+    def __init__(self):
+        self.records: collections.deque = collections.deque(maxlen=self.KEEP)
+        self.latest: dict | None = None
+        self.latest_eval: dict | None = None
+        self.saves: collections.deque = collections.deque(maxlen=200)
+        self.checkpoint_bytes: int | None = None
+        self.restarts = 0
+
+    def clear(self) -> None:
+        self.records.clear()
+        self.latest = self.latest_eval = None
+
+    def add(self, records: list[dict]) -> None:
+        seen = self.records[-1].get("step", -1) if self.records else -1
+        for r in records:
+            if r.get("step", 0) < seen:  # the driver resent what came before a rewind: keep order
+                continue
+            self.records.append(r)
+            if "loss" in r:
+                self.latest = r
+            elif any(k.startswith("eval_") for k in r):
+                self.latest_eval = r
+            if r.get("checkpoint_save_s") is not None:
+                self.saves.append(float(r["checkpoint_save_s"]))
+            if r.get("checkpoint_bytes") is not None:
+                self.checkpoint_bytes = int(r["checkpoint_bytes"])
+
+    def snapshot(self) -> dict:
+        return {
+            "latest": self.latest,
+            "latest_eval": self.latest_eval,
+            "checkpoint_saves": list(self.saves),
+            "checkpoint_bytes": self.checkpoint_bytes,
+        }
+
+
+class PageView:
+    """The service as the status page's `PageSource`."""
+
+    def __init__(self, service: OrchestratorService):
+        self.service = service
+
+    def info(self) -> dict:
+        return self.service.info()
+
+    def queue(self) -> list[dict]:
+        return self.service.queue(include_finished=True)
+
+    def job(self, job_id: str) -> dict | None:
+        try:
+            view = self.service.status(job_id)
+        except KeyError:
+            return None
+        view["checkpoints"] = self.service.checkpoints(job_id)
+        return view
+
+    def metrics(self, job_id: str, since_step: int) -> list[dict]:
+        return self.service.metrics_since(job_id, since_step)
 
 
 def _queue_order(job: JobRecord) -> tuple:

@@ -10,13 +10,12 @@ mask moves the loss by far more within a step or two.
     python -m pytest -m gpu tests/gpu/test_training_parity_cuda.py
 """
 
-import json
-
 import pytest
 import torch
 
 from orchestrator.spec import validate
 from workers.context import LocalContext
+from workers.metrics_log import read_metrics
 from workers.trainer import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -68,7 +67,7 @@ def losses(tmp_path, name, model, data, kernels):
     )
     summary = train(spec, LocalContext(spec))
     assert summary["status"] == "succeeded", summary
-    records = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+    records = read_metrics(str(tmp_path / name))
     return [r["loss"] for r in records if "loss" in r], summary["eval"]["eval_loss"]
 
 

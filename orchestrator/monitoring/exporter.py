@@ -1,0 +1,236 @@
+"""Prometheus metrics of the orchestrator: one endpoint per cluster, served by the service.
+
+A custom collector builds every metric family at scrape time from what the service knows (the
+job table, the newest metrics record of each running job, the cluster's nodes), so nothing can
+drift or leak between scrapes. Names follow Prometheus conventions: base units (`_seconds`,
+`_bytes`, `_ratio`), `_total` for counters, bounded labels: `job` (a job id), `rank`, and small
+enums (`phase`, `state`, `kind`, `resource`) — never a step.
+
+Finished jobs are kept for `KEEP_FINISHED_S` after they end, so that a dashboard shows how
+they ended, then dropped (their full history stays in the metrics log in storage).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+KEEP_FINISHED_S = 3600.0
+STATES = ("queued", "admitted", "running", "stopping", "preempted", "succeeded", "failed", "stopped")
+SAVE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+# training record field -> (metric name, help, scale)
+TRAIN_GAUGES = {
+    "step": ("orchestrator_train_step", "Newest training step", 1.0),
+    "epoch": ("orchestrator_train_epoch", "Epoch of the newest step (fractional)", 1.0),
+    "loss": ("orchestrator_train_loss", "Training loss (mean over the workers)", 1.0),
+    "grad_norm": ("orchestrator_train_grad_norm", "Gradient norm before clipping", 1.0),
+    "lr": ("orchestrator_train_learning_rate", "Learning rate", 1.0),
+    "samples_per_s": (
+        "orchestrator_train_samples_per_second",
+        "Training samples per second, all workers",
+        1.0,
+    ),
+    "tokens_per_s": ("orchestrator_train_tokens_per_second", "Training tokens per second, all workers", 1.0),
+    "tflops_per_worker": ("orchestrator_train_flops_per_second", "Achieved model FLOP/s per worker", 1e12),
+    "mfu": ("orchestrator_train_mfu_ratio", "Model FLOPs utilisation (none for fp8 runs)", 1.0),
+}
+EVAL_GAUGES = {
+    "eval_loss": ("orchestrator_eval_loss", "Evaluation loss"),
+    "eval_accuracy": ("orchestrator_eval_accuracy_ratio", "Evaluation accuracy"),
+    "eval_perplexity": ("orchestrator_eval_perplexity", "Evaluation perplexity"),
+}
+NOT_COUNTED = ("memory", "object_store_memory", "accelerator_type", "node:")  # bytes and labels, not slots
+PHASES = {"data_s": "data", "compute_s": "compute", "optimizer_s": "optimizer"}
+MEMORY = {
+    "memory_allocated_bytes": "allocated",
+    "memory_peak_allocated_bytes": "peak_allocated",
+    "memory_peak_reserved_bytes": "peak_reserved",
+}
+
+
+class Snapshot(Protocol):
+    """What the service hands the collector at scrape time."""
+
+    def exporter_snapshot(self) -> dict[str, Any]:
+        """{"jobs": [job view + "latest": record | None, "latest_eval": record | None,
+        "checkpoint_saves": [seconds, ...], "checkpoint_bytes": int | None, "restarts": int],
+        "nodes": [{"id", "capacity": {...}}], "busy": {resource: amount}}"""
+        ...
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class ServiceCollector(Collector):
+    def __init__(self, source: Snapshot):
+        self.source = source
+
+    def collect(self) -> Iterable:
+        snapshot = self.source.exporter_snapshot()
+        now = time.time()
+        jobs = [
+            j
+            for j in snapshot["jobs"]
+            if j["state"] not in ("succeeded", "failed", "stopped")
+            or now - (j.get("finished_at") or now) < KEEP_FINISHED_S
+        ]
+        yield from self._training(jobs)
+        yield from self._jobs(jobs, now)
+        yield from self._cluster(snapshot)
+
+    def _training(self, jobs: list[dict]) -> Iterable:
+        gauges = {
+            k: GaugeMetricFamily(name, text, labels=["job", "rank"])
+            for k, (name, text, _) in TRAIN_GAUGES.items()
+        }
+        evals = {k: GaugeMetricFamily(name, text, labels=["job"]) for k, (name, text) in EVAL_GAUGES.items()}
+        phases = GaugeMetricFamily(
+            "orchestrator_train_step_phase_seconds",
+            "Mean time per step in each phase over the last logging interval",
+            labels=["job", "rank", "phase"],
+        )
+        memory = GaugeMetricFamily(
+            "orchestrator_device_memory_bytes", "Device memory of the worker", labels=["job", "rank", "kind"]
+        )
+        saves = HistogramMetricFamily(
+            "orchestrator_checkpoint_save_seconds",
+            "Time training waited for each checkpoint save",
+            labels=["job"],
+        )
+        size = GaugeMetricFamily(
+            "orchestrator_checkpoint_size_bytes", "Size of the newest checkpoint", labels=["job"]
+        )
+        for job in jobs:
+            record, rank = job.get("latest") or {}, str((job.get("latest") or {}).get("rank", 0))
+            for key, family in gauges.items():
+                if _finite(record.get(key)):
+                    family.add_metric([job["id"], rank], float(record[key]) * TRAIN_GAUGES[key][2])
+            for key, phase in PHASES.items():
+                if _finite(record.get(key)):
+                    phases.add_metric([job["id"], rank, phase], float(record[key]))
+            for key, kind in MEMORY.items():
+                if _finite(record.get(key)):
+                    memory.add_metric([job["id"], rank, kind], float(record[key]))
+            for key, family in evals.items():
+                value = (job.get("latest_eval") or {}).get(key)
+                if _finite(value):
+                    family.add_metric([job["id"]], float(value))
+            observed = job.get("checkpoint_saves") or []
+            if observed:
+                buckets = [(str(b), float(sum(1 for s in observed if s <= b))) for b in SAVE_BUCKETS]
+                buckets.append(("+Inf", float(len(observed))))
+                saves.add_metric([job["id"]], buckets, sum_value=float(sum(observed)))
+            if _finite(job.get("checkpoint_bytes")):
+                size.add_metric([job["id"]], float(job["checkpoint_bytes"]))
+        yield from gauges.values()
+        yield from evals.values()
+        yield from (phases, memory, saves, size)
+
+    def _jobs(self, jobs: list[dict], now: float) -> Iterable:
+        state = GaugeMetricFamily(
+            "orchestrator_job_state", "1 for the job's current state", labels=["job", "state"]
+        )
+        wait = GaugeMetricFamily(
+            "orchestrator_job_queue_wait_seconds",
+            "Time in the queue: until admission, or so far while waiting",
+            labels=["job"],
+        )
+        start = GaugeMetricFamily(
+            "orchestrator_job_start_time_seconds", "When the job was admitted (Unix time)", labels=["job"]
+        )
+        end = GaugeMetricFamily(
+            "orchestrator_job_end_time_seconds", "When the job ended (Unix time)", labels=["job"]
+        )
+        priority = GaugeMetricFamily(
+            "orchestrator_job_priority", "The job's scheduling priority", labels=["job"]
+        )
+        restarts = CounterMetricFamily(
+            "orchestrator_job_restarts", "Restarts of the job's worker group or driver", labels=["job"]
+        )
+        preemptions = CounterMetricFamily(
+            "orchestrator_job_preemptions", "Times the job was preempted", labels=["job"]
+        )
+        lost = CounterMetricFamily(
+            "orchestrator_job_steps_lost",
+            "Training steps redone after preemptions and failures",
+            labels=["job"],
+        )
+        for job in jobs:
+            for s in STATES:
+                state.add_metric([job["id"], s], 1.0 if job["state"] == s else 0.0)
+            waited = (job.get("admitted_at") or now) - job["submitted_at"]
+            wait.add_metric([job["id"]], max(waited, 0.0))
+            if job.get("admitted_at"):
+                start.add_metric([job["id"]], job["admitted_at"])
+            if job.get("finished_at"):
+                end.add_metric([job["id"]], job["finished_at"])
+            priority.add_metric([job["id"]], float(job["priority"]))
+            restarts.add_metric([job["id"]], float(job.get("restarts") or 0))
+            preemptions.add_metric([job["id"]], float(job.get("preemptions") or 0))
+            lost.add_metric([job["id"]], float(job.get("steps_lost") or 0))
+        yield from (state, wait, start, end, priority, restarts, preemptions, lost)
+
+    def _cluster(self, snapshot: dict) -> Iterable:
+        queued = GaugeMetricFamily(
+            "orchestrator_queue_length", "Jobs waiting in the queue", labels=["priority"]
+        )
+        counts: dict[int, int] = {}
+        for job in snapshot["jobs"]:
+            if job["state"] in ("queued", "preempted"):
+                counts[job["priority"]] = counts.get(job["priority"], 0) + 1
+        for level, count in sorted(counts.items()):
+            queued.add_metric([str(level)], float(count))
+        resources = GaugeMetricFamily(
+            "orchestrator_cluster_resources",
+            "Resources of the cluster, held by admitted jobs (busy) or not (free)",
+            labels=["resource", "state"],
+        )
+        total: dict[str, float] = {}
+        for node in snapshot["nodes"]:
+            for name, amount in node["capacity"].items():
+                if not name.startswith(NOT_COUNTED):
+                    total[name] = total.get(name, 0.0) + amount
+        busy = snapshot.get("busy", {})
+        for name, amount in sorted(total.items()):
+            used = min(busy.get(name, 0.0), amount)
+            resources.add_metric([name, "busy"], used)
+            resources.add_metric([name, "free"], amount - used)
+        nodes = GaugeMetricFamily("orchestrator_cluster_nodes", "Alive nodes of the cluster")
+        nodes.add_metric([], float(len(snapshot["nodes"])))
+        yield from (queued, resources, nodes)
+
+
+def registry_for(source: Snapshot) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ServiceCollector(source))
+    return registry
+
+
+EXPORTED = sorted(
+    [name for name, _, _ in TRAIN_GAUGES.values()]
+    + [name for name, _ in EVAL_GAUGES.values()]
+    + [
+        "orchestrator_train_step_phase_seconds",
+        "orchestrator_device_memory_bytes",
+        "orchestrator_checkpoint_save_seconds",
+        "orchestrator_checkpoint_size_bytes",
+        "orchestrator_job_state",
+        "orchestrator_job_queue_wait_seconds",
+        "orchestrator_job_start_time_seconds",
+        "orchestrator_job_end_time_seconds",
+        "orchestrator_job_priority",
+        "orchestrator_job_restarts_total",
+        "orchestrator_job_preemptions_total",
+        "orchestrator_job_steps_lost_total",
+        "orchestrator_queue_length",
+        "orchestrator_cluster_resources",
+        "orchestrator_cluster_nodes",
+    ]
+)  # every metric name this exporter can produce (counters with their _total), for the dashboard's test

@@ -1,0 +1,950 @@
+/* The orchestrator's status page.
+ *
+ * Polls the service's JSON API (api/info, api/queue; for the open job api/jobs/<id> and its
+ * metrics since the last step seen) and renders it. Every value that came from a job spec or
+ * the service (names, queues, notes, reasons, URIs) reaches the page only as a text node or an
+ * attribute value: this file never assigns innerHTML, and links are limited to http(s) URLs.
+ * Rows and charts are updated in place, so nothing flickers and nothing reloads.
+ */
+(() => {
+  "use strict";
+
+  const POLL_MS = 2000;
+  const HIDDEN_POLL_MS = 10000; // a background tab asks less often
+  const CHART_HEIGHT = 210;
+  const SMOOTHING = 0.85; // EMA weight of the smoothed loss line
+  const STATES = ["running", "admitted", "stopping", "queued", "preempted", "succeeded", "failed", "stopped"];
+  const ACTIVE = new Set(["admitted", "running", "stopping"]);
+  const PENDING = new Set(["queued", "preempted"]);
+  const FINISHED = new Set(["succeeded", "failed", "stopped"]);
+
+  const $ = (id) => document.getElementById(id);
+
+  // --- DOM helpers: text only ------------------------------------------------------------------
+
+  /** An element with attributes and children; strings become text nodes, never markup. */
+  function h(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value == null || value === false) continue;
+      if (key.startsWith("on")) throw new Error("event handlers are attached with addEventListener");
+      if (key === "class") node.className = value;
+      else if (key === "href") {
+        const safe = safeHref(value);
+        if (safe) node.href = safe;
+      } else node.setAttribute(key, String(value));
+    }
+    for (const child of children.flat()) {
+      if (child == null || child === false) continue;
+      node.append(child instanceof Node ? child : String(child));
+    }
+    return node;
+  }
+
+  /** Only http(s) links: a dashboard address like "javascript:..." never becomes a link. */
+  function safeHref(value) {
+    try {
+      const url = new URL(String(value), window.location.href);
+      return url.protocol === "http:" || url.protocol === "https:" ? url.href : null;
+    } catch {
+      return null;
+    }
+  }
+
+  function setText(node, text) {
+    const value = text == null ? "" : String(text);
+    if (node.textContent !== value) node.textContent = value;
+  }
+
+  function setTitle(node, text) {
+    if (text == null || text === "") node.removeAttribute("title");
+    else if (node.title !== String(text)) node.title = String(text);
+  }
+
+  /** Swap in new children only when they differ, so a selection (say, of a checkpoint URI
+   *  being copied) survives the polls that change nothing. */
+  function replaceChildren(node, children) {
+    const fresh = children.filter((c) => c != null);
+    const old = node.childNodes;
+    if (old.length === fresh.length && fresh.every((c, i) => old[i].isEqualNode(c))) return;
+    node.replaceChildren(...fresh);
+  }
+
+  // --- formatting ----------------------------------------------------------------------------------
+
+  const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+  const nf0 = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+  const nf1 = new Intl.NumberFormat("en-US", { maximumFractionDigits: 1, minimumFractionDigits: 1 });
+
+  function fmtInt(v) {
+    return isNum(v) ? nf0.format(v) : "—";
+  }
+
+  /** 3,415 · 12.3k · 444k · 1.52M */
+  function fmtCompact(v) {
+    if (!isNum(v)) return "—";
+    const a = Math.abs(v);
+    if (a >= 1e9) return (v / 1e9).toFixed(2) + "B";
+    if (a >= 1e6) return (v / 1e6).toFixed(a >= 1e8 ? 0 : a >= 1e7 ? 1 : 2) + "M";
+    if (a >= 1e5) return (v / 1e3).toFixed(0) + "k";
+    if (a >= 1e4) return (v / 1e3).toFixed(1) + "k";
+    if (a >= 100) return nf0.format(v);
+    if (a >= 10) return v.toFixed(1);
+    return v.toFixed(2);
+  }
+
+  function fmtPct(fraction, digits = 1) {
+    return isNum(fraction) ? (fraction * 100).toFixed(digits) + "%" : "—";
+  }
+
+  function fmtLoss(v) {
+    if (!isNum(v)) return "—";
+    const a = Math.abs(v);
+    return a >= 100 ? v.toFixed(1) : a >= 1 ? v.toFixed(3) : v.toFixed(4);
+  }
+
+  function fmtDuration(seconds) {
+    if (!isNum(seconds)) return "—";
+    const s = Math.max(0, Math.round(seconds));
+    if (s < 60) return s + "s";
+    const m = Math.floor(s / 60);
+    if (m < 60) return m + "m " + String(s % 60).padStart(2, "0") + "s";
+    const hours = Math.floor(m / 60);
+    if (hours < 48) return hours + "h " + String(m % 60).padStart(2, "0") + "m";
+    return Math.floor(hours / 24) + "d " + (hours % 24) + "h";
+  }
+
+  const nowS = () => Date.now() / 1000;
+  const since = (t) => (isNum(t) ? nowS() - t : null);
+
+  const pad2 = (n) => String(n).padStart(2, "0");
+  const hms = (d) => pad2(d.getHours()) + ":" + pad2(d.getMinutes()) + ":" + pad2(d.getSeconds());
+  const ymd = (d) => d.getFullYear() + "-" + pad2(d.getMonth() + 1) + "-" + pad2(d.getDate());
+
+  /** 14:05:09 today, else 2026-11-22 14:05:09 (local time) */
+  function fmtClock(t) {
+    if (!isNum(t)) return "—";
+    const d = new Date(t * 1000);
+    return d.toDateString() === new Date().toDateString() ? hms(d) : ymd(d) + " " + hms(d);
+  }
+
+  function fmtDate(t) {
+    return isNum(t) ? ymd(new Date(t * 1000)) + " " + hms(new Date(t * 1000)) : "—";
+  }
+
+  const BYTES = new Set(["memory", "object_store_memory"]);
+
+  function fmtAmount(name, value) {
+    if (!isNum(value)) return "—";
+    if (BYTES.has(name)) return (value / 2 ** 30).toFixed(value >= 10 * 2 ** 30 ? 0 : 1) + " GiB";
+    return Number.isInteger(value) ? nf0.format(value) : value.toFixed(2).replace(/\.?0+$/, "");
+  }
+
+  /** "14 / 32", "640 / 2,048 GiB": what jobs hold of the cluster's total */
+  function fmtUsage(name, busy, total) {
+    if (!BYTES.has(name)) return fmtAmount(name, busy) + " / " + fmtAmount(name, total);
+    const gib = (v) => nf0.format(v / 2 ** 30);
+    return gib(busy) + " / " + gib(total) + " GiB";
+  }
+
+  /** Ray resources in a useful order: accelerators first, then CPU, then the rest. */
+  function resourceNames(resources) {
+    const rank = (k) => (k === "GPU" ? 0 : k === "TPU" ? 1 : k === "CPU" ? 2 : BYTES.has(k) ? 4 : 3);
+    return Object.keys(resources || {})
+      .filter((k) => !k.startsWith("node:") && !k.startsWith("accelerator_type:") && !k.startsWith("bundle_"))
+      .sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
+  }
+
+  function fmtResources(perWorker) {
+    return resourceNames(perWorker)
+      .filter((k) => perWorker[k])
+      .map((k) => fmtAmount(k, perWorker[k]) + " " + (BYTES.has(k) ? "mem" : k));
+  }
+
+  function checkpointStep(uri) {
+    const match = /checkpoint_0*(\d+)\/?(?:[?#].*)?$/.exec(String(uri || ""));
+    return match ? Number(match[1]) : null;
+  }
+
+  function dashboardJobUrl(dashboard, submissionId) {
+    const base = safeHref(dashboard);
+    if (!base || !submissionId) return null;
+    return base.replace(/\/+$/, "") + "/#/jobs/" + encodeURIComponent(submissionId);
+  }
+
+  const submissionOf = (job) => job.submission_id || job.submission || null;
+
+  /** The rates to show for a job: the open job's own metrics stream, else the service's view. */
+  function ratesOf(job) {
+    if (job.live) return job.live;
+    const summary = job.summary || {};
+    const throughput = summary.throughput || {};
+    return {
+      samples_per_s: summary.samples_per_s,
+      tokens_per_s: summary.tokens_per_s,
+      mfu: throughput.mfu,
+      tflops_per_worker: throughput.tflops_per_worker,
+      loss: summary.final_train_loss,
+    };
+  }
+
+  function rateParts(rates) {
+    if (!rates) return ["—", ""];
+    if (isNum(rates.tokens_per_s)) return [fmtCompact(rates.tokens_per_s), "tokens/s"];
+    if (isNum(rates.samples_per_s)) return [fmtCompact(rates.samples_per_s), "samples/s"];
+    return ["—", ""];
+  }
+
+  function progressOf(job) {
+    const total = job.total_steps;
+    if (!isNum(total) || total <= 0) return null;
+    return Math.min(1, Math.max(0, (job.step || 0) / total));
+  }
+
+  function timeParts(job) {
+    if (FINISHED.has(job.state)) return [fmtDuration(since(job.finished_at)), "ago", fmtDate(job.finished_at)];
+    if (job.state === "admitted") return [fmtDuration(since(job.admitted_at)), "starting", "admitted " + fmtDate(job.admitted_at)];
+    if (ACTIVE.has(job.state)) {
+      const start = job.started_at || job.admitted_at;
+      return [fmtDuration(since(start)), "running", "since " + fmtDate(start)];
+    }
+    return [fmtDuration(since(job.submitted_at)), "waiting", "submitted " + fmtDate(job.submitted_at)];
+  }
+
+  function badge(node, stateName, extra) {
+    node.className = "badge s-" + stateName + (stateName === "running" ? " running" : "");
+    setText(node, extra ? stateName + " · " + extra : stateName);
+  }
+
+  // --- page state ------------------------------------------------------------------------------------
+
+  const page = {
+    info: null,
+    jobs: [],
+    stateFilter: null,
+    text: "",
+    showFinished: true,
+    busy: false,
+    timer: null,
+  };
+
+  // --- header, counts, resources --------------------------------------------------------------------
+
+  function renderInfo(info) {
+    const dashboard = safeHref(info.dashboard);
+    const link = $("dashboard-link");
+    link.hidden = !dashboard;
+    if (dashboard && link.href !== dashboard) link.href = dashboard;
+
+    const counts = info.jobs || {};
+    const total = Object.values(counts).reduce((a, b) => a + (b || 0), 0);
+    const active = STATES.filter((s) => ACTIVE.has(s)).reduce((a, s) => a + (counts[s] || 0), 0);
+    const facts = [
+      ["Nodes", fmtInt(info.nodes), null],
+      ["Jobs", fmtInt(active) + " active · " + fmtInt(total) + " total", "active: admitted, running or stopping"],
+      ["Service up", fmtDuration(since(info.started_at)), "since " + fmtDate(info.started_at)],
+      ["Generation", fmtInt(info.generation), "how many times a service has taken over this store"],
+      ["Store", info.store || "—", info.store],
+    ];
+    replaceChildren(
+      $("facts"),
+      facts.map(([k, v, title]) => h("div", { title }, h("dt", null, k), h("dd", { class: k === "Store" ? "mono" : null }, v))),
+    );
+
+    const tiles = STATES.filter((s) => counts[s] || s === "running" || s === "queued").map((s) => {
+      const tile = h(
+        "button",
+        { type: "button", class: "tile" + (page.stateFilter === s ? " on" : ""), title: "Show only " + s + " jobs" },
+        h("div", { class: "n" }, fmtInt(counts[s] || 0)),
+        h("div", { class: "label" }, h("span", { class: "swatch s-" + s }), s),
+      );
+      tile.addEventListener("click", () => {
+        page.stateFilter = page.stateFilter === s ? null : s;
+        renderInfo(page.info);
+        renderQueue();
+      });
+      return tile;
+    });
+    replaceChildren($("counts"), tiles);
+
+    const resources = info.resources || {};
+    const totals = resources.total || {};
+    const busy = resources.busy || {};
+    const rows = resourceNames(totals)
+      .filter((k) => totals[k])
+      .map((k) => {
+        const share = Math.min(1, (busy[k] || 0) / totals[k]);
+        const bar = h("div", { class: "bar" }, h("span"));
+        bar.firstChild.style.width = (share * 100).toFixed(1) + "%";
+        return h(
+          "div",
+          { class: "res-row", title: fmtPct(share) + " of " + k + " held by jobs" },
+          h("span", { class: "res-name" }, BYTES.has(k) ? k.replace(/_/g, " ") : k),
+          bar,
+          h("span", { class: "res-value" }, fmtUsage(k, busy[k] || 0, totals[k])),
+        );
+      });
+    $("resources").hidden = rows.length === 0;
+    replaceChildren($("resources"), rows);
+    setText($("foot-text"), "Updates every " + POLL_MS / 1000 + " s from the orchestrator service (generation " + fmtInt(info.generation) + ").");
+  }
+
+  function setLive(ok, message) {
+    const live = $("live");
+    live.dataset.state = ok ? "ok" : "error";
+    setText($("live-text"), ok ? "live · " + fmtClock(nowS()) : message);
+  }
+
+  // --- the queue table ---------------------------------------------------------------------------------
+
+  const rows = new Map(); // job id -> {tr, cells}: rows are updated in place, not rebuilt
+
+  function makeRow(jobId) {
+    const c = {
+      name: h("div", { class: "name" }),
+      id: h("div", { class: "id mono" }),
+      badge: h("span", { class: "badge" }),
+      priority: h("td", { class: "num" }),
+      queue: h("td"),
+      workers: h("td"),
+      bar: h("div", { class: "bar" }, h("span")),
+      steps: h("div", { class: "steps" }),
+      eta: h("td", { class: "num" }),
+      rate: h("span"),
+      rateSub: h("span", { class: "sub" }),
+      mfu: h("td", { class: "num" }),
+      restarts: h("td", { class: "num" }),
+      preempt: h("span"),
+      preemptSub: h("span", { class: "sub" }),
+      time: h("span"),
+      timeSub: h("span", { class: "sub" }),
+      note: h("div", { class: "note" }),
+      link: h("a", { class: "ext", target: "_blank", rel: "noopener noreferrer", title: "Open in Ray dashboard" }, "↗"),
+    };
+    c.timeCell = h("td", { class: "num" }, c.time, c.timeSub);
+    c.progressCell = h("td", { class: "progress-cell" }, c.bar, c.steps);
+    const tr = h(
+      "tr",
+      { "data-job-id": jobId },
+      h("td", { class: "job-cell" }, c.name, c.id),
+      h("td", null, c.badge),
+      c.priority,
+      c.queue,
+      c.workers,
+      c.progressCell,
+      c.eta,
+      h("td", { class: "num" }, c.rate, c.rateSub),
+      c.mfu,
+      c.restarts,
+      h("td", { class: "num" }, c.preempt, c.preemptSub),
+      c.timeCell,
+      h("td", { class: "note-cell" }, c.note),
+      h("td", { class: "icon-col" }, c.link),
+    );
+    tr.addEventListener("click", () => openJob(jobId));
+    c.link.addEventListener("click", (event) => event.stopPropagation());
+    return { tr, c };
+  }
+
+  function updateRow(row, job) {
+    const c = row.c;
+    setText(c.name, job.name);
+    setTitle(c.name, job.run && job.run !== job.name ? job.name + " (run " + job.run + ")" : job.name);
+    setText(c.id, job.id);
+    setTitle(c.id, job.id);
+    badge(c.badge, job.state, job.state === "stopping" && job.stop_requested ? job.stop_requested : null);
+    setText(c.priority, fmtInt(job.priority));
+    setText(c.queue, job.queue || "default");
+    const resources = fmtResources(job.per_worker || {});
+    setText(c.workers, fmtInt(job.workers) + " × " + (resources[0] || "worker"));
+    setTitle(c.workers, fmtInt(job.workers) + " worker(s), each " + resources.join(", "));
+
+    const progress = progressOf(job);
+    c.bar.hidden = progress == null;
+    c.bar.className = "bar s-" + job.state;
+    if (progress != null) c.bar.firstChild.style.width = (progress * 100).toFixed(1) + "%";
+    setText(
+      c.steps,
+      progress == null
+        ? job.step
+          ? "step " + fmtInt(job.step)
+          : "—"
+        : fmtInt(job.step) + " / " + fmtInt(job.total_steps) + "  ·  " + fmtPct(progress, 0),
+    );
+
+    setText(c.eta, ACTIVE.has(job.state) && isNum(job.remaining_s) ? fmtDuration(job.remaining_s) : "—");
+    c.eta.classList.toggle("faded", !(ACTIVE.has(job.state) && isNum(job.remaining_s)));
+    const rates = ACTIVE.has(job.state) || FINISHED.has(job.state) ? ratesOf(job) : null;
+    const [rate, unit] = rateParts(rates);
+    setText(c.rate, rate);
+    setText(c.rateSub, unit);
+    setText(c.mfu, fmtPct(rates && rates.mfu));
+    c.mfu.classList.toggle("faded", !(rates && isNum(rates.mfu)));
+    setText(c.restarts, fmtInt(job.restarts || 0));
+    c.restarts.classList.toggle("faded", !job.restarts);
+    setText(c.preempt, fmtInt(job.preemptions || 0));
+    setText(c.preemptSub, job.preemptions ? fmtInt(job.steps_lost || 0) + " lost" : "");
+    c.preempt.parentNode.classList.toggle("faded", !job.preemptions);
+
+    const [time, timeSub, timeTitle] = timeParts(job);
+    setText(c.time, time);
+    setText(c.timeSub, timeSub);
+    setTitle(c.timeCell, timeTitle);
+
+    const note = job.state === "failed" || job.state === "stopped" ? job.reason || job.note : job.note || job.reason;
+    setText(c.note, note || "");
+    setTitle(c.note, note);
+    c.note.classList.toggle("reason", job.state === "failed");
+
+    const href = dashboardJobUrl(page.info && page.info.dashboard, submissionOf(job));
+    c.link.hidden = !href;
+    if (href && c.link.href !== href) c.link.href = href;
+    row.tr.classList.toggle("open", job.id === detail.id);
+  }
+
+  function matches(job) {
+    if (page.stateFilter && job.state !== page.stateFilter) return false;
+    if (!page.showFinished && FINISHED.has(job.state) && !page.stateFilter) return false;
+    if (!page.text) return true;
+    const haystack = [job.name, job.id, job.queue, job.state, job.run, job.note, job.reason, job.sweep]
+      .filter(Boolean)
+      .join(" ")
+      .toLowerCase();
+    return page.text
+      .toLowerCase()
+      .split(/\s+/)
+      .every((word) => haystack.includes(word));
+  }
+
+  function renderQueue() {
+    const body = $("queue-body");
+    const visible = page.jobs.filter(matches);
+    const seen = new Set();
+    let previous = null;
+    for (const job of visible) {
+      let row = rows.get(job.id);
+      if (!row) {
+        row = makeRow(job.id);
+        rows.set(job.id, row);
+      }
+      updateRow(row, job);
+      seen.add(job.id);
+      const wanted = previous ? previous.nextSibling : body.firstChild;
+      if (wanted !== row.tr) body.insertBefore(row.tr, wanted);
+      previous = row.tr;
+    }
+    for (const [id, row] of rows) {
+      if (!seen.has(id)) {
+        row.tr.remove();
+        rows.delete(id);
+      }
+    }
+    $("queue-empty").hidden = page.jobs.length > 0;
+    setText($("job-count"), visible.length === page.jobs.length ? fmtInt(page.jobs.length) : fmtInt(visible.length) + " of " + fmtInt(page.jobs.length));
+  }
+
+  // --- charts --------------------------------------------------------------------------------------------
+
+  function cssVar(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  /** Tick labels with as many decimals as their spacing needs: 2.5 3.0 3.5, 2,000 4,000, 12k. */
+  function fmtSplits(splits) {
+    const finite = splits.filter(isNum);
+    const spacing = finite.length > 1 ? Math.abs(finite[1] - finite[0]) : Math.abs(finite[0] || 1);
+    const decimals = Math.max(0, Math.min(6, -Math.floor(Math.log10(spacing || 1))));
+    return splits.map((v) =>
+      !isNum(v)
+        ? ""
+        : Math.abs(v) >= 1e4
+          ? fmtCompact(v)
+          : v.toLocaleString("en-US", { minimumFractionDigits: decimals, maximumFractionDigits: decimals }),
+    );
+  }
+
+  function axis(extra) {
+    return {
+      stroke: cssVar("--axis"),
+      grid: { stroke: cssVar("--grid"), width: 1 },
+      ticks: { stroke: cssVar("--grid"), width: 1, size: 4 },
+      font: "11px system-ui, sans-serif",
+      values: (u, splits) => fmtSplits(splits),
+      ...extra,
+    };
+  }
+
+  /** The legend shows the newest values whenever the pointer is not over the chart. */
+  function legendAtNewest(u) {
+    if (u.cursor.idx == null && u.data[0].length) u.setLegend({ idx: u.data[0].length - 1 }, false);
+  }
+
+  /** A uPlot chart over steps; `series` are [label, color, options]. */
+  function makeChart(node, series, axes, scales) {
+    const opts = {
+      width: Math.max(node.clientWidth, 200),
+      height: CHART_HEIGHT,
+      scales: { x: { time: false }, ...scales },
+      cursor: { drag: { x: true, y: false }, points: { size: 6 } },
+      legend: { live: true },
+      hooks: { setCursor: [legendAtNewest] },
+      series: [
+        { label: "step", value: (u, v) => (v == null ? "—" : fmtInt(v)) },
+        ...series.map(([label, color, extra]) => ({
+          label,
+          stroke: color,
+          width: 1.75,
+          spanGaps: true,
+          points: { show: false },
+          ...extra,
+        })),
+      ],
+      axes: [axis({ size: 36 }), ...axes],
+    };
+    const data = [[], ...series.map(() => [])];
+    const chart = new uPlot(opts, data, node);
+    const resize = new ResizeObserver(() => {
+      const width = Math.max(node.clientWidth, 200);
+      if (width !== chart.width) chart.setSize({ width, height: CHART_HEIGHT });
+    });
+    resize.observe(node);
+    return { chart, data, resize, node };
+  }
+
+  function destroyChart(entry) {
+    if (!entry) return;
+    entry.resize.disconnect();
+    entry.chart.destroy();
+  }
+
+  /** Hand the grown arrays to uPlot: one canvas repaint, the DOM stays as it is. */
+  function redraw(entry, emptyId) {
+    const steps = entry.data[0];
+    entry.chart.setData(entry.data, true);
+    legendAtNewest(entry.chart); // uPlot refreshes the legend on new data only under the pointer
+    entry.node.dataset.points = String(steps.length);
+    entry.node.dataset.lastStep = String(steps.length ? steps[steps.length - 1] : -1);
+    $(emptyId).hidden = steps.length > 0;
+  }
+
+  const valueOf = (fmt) => (u, v) => (v == null ? "—" : fmt(v));
+
+  function lossChart() {
+    return makeChart(
+      $("chart-loss"),
+      [
+        ["loss", cssVar("--chart-1-soft"), { width: 1, value: valueOf(fmtLoss) }],
+        ["smoothed", cssVar("--chart-1"), { width: 2, value: valueOf(fmtLoss) }],
+      ],
+      [axis({ size: 48 })],
+    );
+  }
+
+  // MFU is throughput times a constant per job, so it is a caption and a stat, not a second line
+  function rateChart(tokens) {
+    return makeChart(
+      $("chart-rate"),
+      [[tokens ? "tokens/s" : "samples/s", cssVar("--chart-2"), { value: valueOf(fmtCompact), fill: cssVar("--chart-2-soft") }]],
+      [axis({ size: 48 })],
+    );
+  }
+
+  const EVAL_COLORS = ["--chart-1", "--chart-4", "--chart-2", "--chart-3"];
+  // eval keys come from the metrics records: only plain names become series labels
+  const EVAL_KEY = /^eval_[A-Za-z0-9_]{1,40}$/;
+
+  function evalChart(keys) {
+    const fraction = (k) => /acc|f1|precision|recall/.test(k);
+    const hasFraction = keys.some(fraction);
+    const series = keys.map((k, i) => [
+      k.replace(/^eval_/, ""),
+      cssVar(EVAL_COLORS[i % EVAL_COLORS.length]),
+      {
+        scale: fraction(k) ? "fraction" : /loss/.test(k) ? "y" : "other",
+        show: fraction(k) || /loss/.test(k),
+        points: { show: true, size: 5, fill: cssVar("--card") },
+        value: valueOf(fraction(k) ? (v) => fmtPct(v) : fmtLoss),
+      },
+    ]);
+    const axes = [axis({ size: 48 })];
+    if (hasFraction) {
+      axes.push(
+        axis({ scale: "fraction", side: 1, size: 44, grid: { show: false }, values: (u, splits) => splits.map((v) => fmtPct(v, 0)) }),
+      );
+    }
+    return makeChart($("chart-eval"), series, axes, { fraction: { range: [0, 1] } });
+  }
+
+  // --- the open job -----------------------------------------------------------------------------------
+
+  const detail = {
+    id: null,
+    view: null,
+    token: 0, // which job a request in flight was for
+    lastStep: -1,
+    lastTrainStep: -1,
+    lastEvalStep: -1,
+    ema: null,
+    latest: null, // the newest training record
+    loss: null,
+    rate: null,
+    evals: null,
+    evalKeys: [],
+    missing: false,
+  };
+
+  function resetDetail(id) {
+    destroyChart(detail.loss);
+    destroyChart(detail.rate);
+    destroyChart(detail.evals);
+    Object.assign(detail, {
+      id,
+      view: null,
+      token: detail.token + 1,
+      lastStep: -1,
+      lastTrainStep: -1,
+      lastEvalStep: -1,
+      ema: null,
+      latest: null,
+      loss: null,
+      rate: null,
+      evals: null,
+      evalKeys: [],
+      missing: false,
+    });
+    for (const name of ["loss", "eval", "rate"]) {
+      $("chart-" + name).dataset.points = "0";
+      $("chart-" + name + "-empty").hidden = false;
+    }
+    for (const id of ["loss-caption", "eval-caption", "rate-caption"]) setText($(id), "");
+  }
+
+  function openJob(jobId) {
+    const hash = "#/jobs/" + encodeURIComponent(jobId);
+    if (window.location.hash !== hash) window.location.hash = hash; // routes through onRoute
+    else onRoute();
+  }
+
+  function closeJob() {
+    if (window.location.hash) history.replaceState(null, "", window.location.pathname + window.location.search);
+    onRoute();
+  }
+
+  function routedJob() {
+    const match = /^#\/jobs\/(.+)$/.exec(window.location.hash);
+    if (!match) return null;
+    try {
+      return decodeURIComponent(match[1]);
+    } catch {
+      return null;
+    }
+  }
+
+  function onRoute() {
+    const jobId = routedJob();
+    if (jobId === detail.id) return;
+    resetDetail(jobId);
+    $("job").hidden = !jobId;
+    for (const [id, row] of rows) row.tr.classList.toggle("open", id === jobId);
+    if (!jobId) return;
+    const known = page.jobs.find((j) => j.id === jobId);
+    if (known) renderJob(known); // at once, from the queue; the full view follows
+    pollJob()
+      .then(() => $("job").scrollIntoView({ behavior: "smooth", block: "start" }))
+      .catch((err) => console.warn("status page: reading the job failed:", err)); // the next tick retries
+  }
+
+  async function pollJob() {
+    const jobId = detail.id;
+    const token = detail.token;
+    if (!jobId) return;
+    const view = await getJSON("api/jobs/" + encodeURIComponent(jobId), true);
+    if (token !== detail.token) return;
+    if (view === null) {
+      detail.missing = true;
+      renderMissing(jobId);
+      return;
+    }
+    detail.missing = false;
+    detail.view = view;
+    // ask again for the newest step seen: an eval logged at that step may have come after it
+    const records = await getJSON(
+      "api/jobs/" + encodeURIComponent(jobId) + "/metrics?since=" + Math.max(detail.lastStep - 1, -1),
+    );
+    if (token !== detail.token) return;
+    appendMetrics(records || []);
+    renderJob(view);
+  }
+
+  function appendMetrics(records) {
+    const train = [];
+    const evals = [];
+    for (const r of records) {
+      if (!r || !isNum(r.step)) continue;
+      detail.lastStep = Math.max(detail.lastStep, r.step);
+      if ("loss" in r && r.step > detail.lastTrainStep) train.push(r);
+      const keys = Object.keys(r).filter((k) => EVAL_KEY.test(k) && (isNum(r[k]) || r[k] === null));
+      if (keys.length && r.step > detail.lastEvalStep) evals.push([r, keys]);
+    }
+    train.sort((a, b) => a.step - b.step);
+    evals.sort((a, b) => a[0].step - b[0].step);
+
+    if (train.length) {
+      if (!detail.loss) detail.loss = lossChart();
+      const rated = train.filter((r) => isNum(r.tokens_per_s) || isNum(r.samples_per_s));
+      if (!detail.rate && rated.length) detail.rate = rateChart(rated.some((r) => isNum(r.tokens_per_s)));
+      const [lx, raw, smooth] = detail.loss.data;
+      for (const r of train) {
+        if (r.step <= detail.lastTrainStep) continue; // a resumed job repeats steps: keep x increasing
+        detail.lastTrainStep = r.step;
+        const loss = isNum(r.loss) ? r.loss : null;
+        if (loss != null) {
+          // an EMA that starts at the first loss, so the line is not pulled towards zero
+          detail.ema = detail.ema == null ? loss : SMOOTHING * detail.ema + (1 - SMOOTHING) * loss;
+        }
+        lx.push(r.step);
+        raw.push(loss);
+        smooth.push(detail.ema == null ? null : detail.ema);
+        detail.latest = r;
+        const rate = isNum(r.tokens_per_s) ? r.tokens_per_s : r.samples_per_s;
+        if (detail.rate && isNum(rate)) {
+          detail.rate.data[0].push(r.step);
+          detail.rate.data[1].push(rate);
+        }
+      }
+      redraw(detail.loss, "chart-loss-empty");
+      if (detail.rate) redraw(detail.rate, "chart-rate-empty");
+      setText($("loss-caption"), "· " + fmtInt(lx.length) + " points, last at step " + fmtInt(detail.lastTrainStep));
+      const rateNow = detail.latest && (isNum(detail.latest.tokens_per_s) ? detail.latest.tokens_per_s : detail.latest.samples_per_s);
+      const unit = isNum(detail.latest.tokens_per_s) ? " tokens/s" : " samples/s";
+      const mfuNow = isNum(detail.latest.mfu) ? " · MFU " + fmtPct(detail.latest.mfu) : "";
+      setText($("rate-caption"), isNum(rateNow) ? "· now " + fmtCompact(rateNow) + unit + mfuNow : "");
+    }
+
+    if (evals.length) {
+      const keys = [...detail.evalKeys];
+      for (const [, ks] of evals) for (const k of ks) if (!keys.includes(k)) keys.push(k);
+      if (!detail.evals || keys.length !== detail.evalKeys.length) {
+        // a new eval metric: rebuild the chart with one more series and the points so far
+        const old = detail.evals;
+        const oldKeys = detail.evalKeys;
+        detail.evals = evalChart(keys);
+        if (old) {
+          detail.evals.data[0].push(...old.data[0]);
+          keys.forEach((k, i) => {
+            const j = oldKeys.indexOf(k);
+            detail.evals.data[i + 1].push(...(j >= 0 ? old.data[j + 1] : old.data[0].map(() => null)));
+          });
+          destroyChart(old);
+        }
+        detail.evalKeys = keys;
+      }
+      const data = detail.evals.data;
+      for (const [r] of evals) {
+        if (r.step <= detail.lastEvalStep) continue;
+        detail.lastEvalStep = r.step;
+        data[0].push(r.step);
+        keys.forEach((k, i) => data[i + 1].push(isNum(r[k]) ? r[k] : null));
+      }
+      redraw(detail.evals, "chart-eval-empty");
+      const last = data[0].length - 1;
+      const lossAt = keys.indexOf("eval_loss");
+      setText(
+        $("eval-caption"),
+        "· " + fmtInt(data[0].length) + " evaluations" + (lossAt >= 0 && last >= 0 ? ", loss " + fmtLoss(data[lossAt + 1][last]) : ""),
+      );
+    }
+  }
+
+  function stat(key, value, sub, title) {
+    return h("div", { class: "stat", title }, h("div", { class: "k" }, key), h("div", { class: "v" }, value), h("div", { class: "s" }, sub || " "));
+  }
+
+  function renderJob(job) {
+    setText($("job-name"), job.name);
+    badge($("job-state"), job.state, job.state === "stopping" && job.stop_requested ? job.stop_requested : null);
+    replaceChildren($("job-sub"), [
+      h("span", { class: "mono" }, job.id),
+      job.queue ? h("span", null, "queue " + job.queue) : null,
+      h("span", null, "priority " + fmtInt(job.priority)),
+      h("span", null, job.preemptible ? "preemptible" : "not preemptible"),
+      job.sweep ? h("span", null, "sweep " + job.sweep) : null,
+    ]);
+
+    const href = dashboardJobUrl(page.info && page.info.dashboard, submissionOf(job));
+    const link = $("job-dashboard");
+    link.hidden = !href;
+    if (href && link.href !== href) link.href = href;
+    setTitle(link, href ? "Ray Job " + submissionOf(job) : null);
+
+    const callout = $("job-callout");
+    let text = null;
+    let kind = "";
+    if (job.state === "failed") [text, kind] = ["Failed: " + (job.reason || "no reason given"), "error"];
+    else if (job.state === "stopped") text = "Stopped: " + (job.reason || "by request");
+    else if (job.state === "stopping") [text, kind] = ["Checkpointing, then " + (job.stop_requested === "preempt" ? "back to the queue (preempted)" : "stopping") + ".", "warn"];
+    else if (job.state === "preempted") [text, kind] = ["Preempted " + fmtInt(job.preemptions) + "×, waiting to resume at step " + fmtInt(job.step) + (job.note ? ": " + job.note : "."), "warn"];
+    else if (job.note) text = job.note;
+    else if (job.reason) text = job.reason;
+    callout.hidden = !text;
+    callout.className = "callout" + (kind ? " " + kind : "");
+    setText(callout, text || "");
+
+    const progress = progressOf(job);
+    const rates = detail.latest ? detail.latest : ratesOf(job);
+    const [rate, unit] = rateParts(ACTIVE.has(job.state) || FINISHED.has(job.state) || detail.latest ? rates : null);
+    const [time, timeSub] = timeParts(job);
+    const resources = fmtResources(job.per_worker || {});
+    const stats = [
+      stat("Progress", progress == null ? "—" : fmtPct(progress), fmtInt(job.step) + (isNum(job.total_steps) ? " / " + fmtInt(job.total_steps) : " steps")),
+      stat("ETA", FINISHED.has(job.state) ? "done" : fmtDuration(job.remaining_s), isNum(job.step_time_s) ? (job.step_time_s * 1000).toFixed(0) + " ms/step" : ""),
+      stat("Throughput", rate, unit === "tokens/s" ? "tokens/s · " + fmtCompact(rates.samples_per_s) + " samples/s" : unit),
+      stat("MFU", fmtPct(rates && rates.mfu), rates && isNum(rates.tflops_per_worker) ? rates.tflops_per_worker.toFixed(0) + " TFLOP/s a worker" : ""),
+      stat("Loss", fmtLoss(rates && rates.loss), detail.latest ? "step " + fmtInt(detail.latest.step) : ""),
+      stat("Restarts", fmtInt(job.restarts || 0), "attempt " + fmtInt(job.attempt || 0), "Admissions that did not resume a preemption"),
+      stat("Preemptions", fmtInt(job.preemptions || 0), fmtInt(job.steps_lost || 0) + " steps lost"),
+      stat("Workers", fmtInt(job.workers) + " × " + (resources[0] || "worker"), resources.slice(1).join(" · ")),
+      stat({ ago: "Finished", running: "Running for", starting: "Starting for" }[timeSub] || "Waiting for", timeSub === "ago" ? time + " ago" : time, ""),
+    ];
+    replaceChildren($("job-stats"), stats);
+
+    renderCheckpoints(job);
+    renderDetails(job);
+    renderHistory(job.history || []);
+  }
+
+  function renderCheckpoints(job) {
+    const uris = (job.checkpoints || (job.last_checkpoint ? [job.last_checkpoint] : [])).slice();
+    setText($("ckpt-count"), uris.length ? "(" + fmtInt(uris.length) + ")" : "");
+    const shown = uris.slice(-12).reverse();
+    const items = shown.map((uri, i) => {
+      const step = checkpointStep(uri);
+      return h(
+        "li",
+        null,
+        h("span", { class: "step" }, step == null ? "—" : "step " + fmtInt(step)),
+        h("span", null, h("span", { class: "uri mono" }, uri), i === 0 ? h("span", { class: "newest" }, "newest") : null),
+      );
+    });
+    if (uris.length > shown.length) items.push(h("li", { class: "muted" }, "", "+ " + fmtInt(uris.length - shown.length) + " older"));
+    if (!items.length) items.push(h("li", { class: "muted" }, "", "No checkpoint yet."));
+    replaceChildren($("job-checkpoints"), items);
+  }
+
+  function renderDetails(job) {
+    const placement = Object.entries(job.placement || {}).map(([node, n]) => node + " × " + n);
+    const params = Object.entries(job.sweep_params || {}).map(([k, v]) => k + " = " + JSON.stringify(v));
+    const submission = submissionOf(job);
+    const dashboard = dashboardJobUrl(page.info && page.info.dashboard, submission);
+    const pairs = [
+      ["Job id", h("span", { class: "mono" }, job.id)],
+      ["Run", job.run || null],
+      ["Ray Job", submission ? (dashboard ? h("a", { href: dashboard, target: "_blank", rel: "noopener noreferrer", class: "mono" }, submission) : h("span", { class: "mono" }, submission)) : null],
+      ["Launched by", job.launched_by || null],
+      ["Submitted", fmtDate(job.submitted_at)],
+      ["Admitted", job.admitted_at ? fmtDate(job.admitted_at) : null],
+      ["Started", job.started_at ? fmtDate(job.started_at) : null],
+      ["Finished", job.finished_at ? fmtDate(job.finished_at) : null],
+      ["Placement", placement.length ? placement.join(", ") : null],
+      ["Sweep trial", params.length ? params.join(", ") : null],
+      ["Last checkpoint", job.last_checkpoint ? h("span", { class: "mono" }, job.last_checkpoint) : null],
+    ].filter(([, v]) => v != null);
+    replaceChildren($("job-details"), pairs.flatMap(([k, v]) => [h("dt", null, k), h("dd", null, v)]));
+  }
+
+  const HISTORY_SKIP = new Set(["time", "event"]);
+
+  function historyDetail(entry) {
+    return Object.entries(entry)
+      .filter(([k, v]) => !HISTORY_SKIP.has(k) && v != null && v !== "")
+      .map(([k, v]) => k.replace(/_/g, " ") + " " + (isNum(v) ? (Number.isInteger(v) ? fmtInt(v) : v.toFixed(2)) : typeof v === "object" ? JSON.stringify(v) : String(v)))
+      .join(" · ");
+  }
+
+  /** 14:05:09, with the date under it when it was not today */
+  function historyTime(t) {
+    if (!isNum(t)) return h("time", null, "—");
+    const d = new Date(t * 1000);
+    const today = d.toDateString() === new Date().toDateString();
+    return h("time", { title: fmtDate(t) }, hms(d), today ? null : h("span", { class: "sub" }, ymd(d)));
+  }
+
+  function renderHistory(history) {
+    const items = history
+      .slice(-50)
+      .reverse()
+      .map((entry) =>
+        h(
+          "li",
+          { class: "ev-" + String(entry.event || "").replace(/[^a-z0-9-]/gi, "") },
+          historyTime(entry.time),
+          h("div", null, h("div", { class: "event" }, String(entry.event || "")), h("div", { class: "detail" }, historyDetail(entry))),
+        ),
+      );
+    if (!items.length) items.push(h("li", { class: "muted" }, "", "No events yet."));
+    replaceChildren($("job-history"), items);
+  }
+
+  function renderMissing(jobId) {
+    setText($("job-name"), jobId);
+    badge($("job-state"), "stopped", "unknown");
+    const callout = $("job-callout");
+    callout.hidden = false;
+    callout.className = "callout warn";
+    setText(callout, "The orchestrator service does not know this job (any more).");
+  }
+
+  // --- polling -------------------------------------------------------------------------------------------
+
+  /** JSON from the API; with `allowMissing`, a 404 is null rather than an error. */
+  async function getJSON(url, allowMissing) {
+    const response = await fetch(url, { cache: "no-store", headers: { Accept: "application/json" } });
+    if (allowMissing && response.status === 404) return null;
+    if (!response.ok) throw new Error("HTTP " + response.status + " from " + url);
+    return response.json();
+  }
+
+  async function tick() {
+    if (page.busy) return;
+    page.busy = true;
+    clearTimeout(page.timer);
+    try {
+      const [info, jobs] = await Promise.all([getJSON("api/info"), getJSON("api/queue")]);
+      page.info = info;
+      page.jobs = Array.isArray(jobs) ? jobs : [];
+      renderInfo(info);
+      renderQueue();
+      if (detail.id) await pollJob();
+      setLive(true);
+    } catch (err) {
+      console.warn("status page poll failed:", err);
+      setLive(false, "cannot reach the orchestrator service · retrying");
+    } finally {
+      page.busy = false;
+      page.timer = setTimeout(tick, document.hidden ? HIDDEN_POLL_MS : POLL_MS);
+    }
+  }
+
+  function start() {
+    $("filter").addEventListener("input", (event) => {
+      page.text = event.target.value.trim();
+      renderQueue();
+    });
+    $("show-finished").addEventListener("change", (event) => {
+      page.showFinished = event.target.checked;
+      renderQueue();
+    });
+    $("job-close").addEventListener("click", closeJob);
+    document.addEventListener("keydown", (event) => {
+      if (event.key === "Escape" && detail.id && document.activeElement.tagName !== "INPUT") closeJob();
+    });
+    window.addEventListener("hashchange", onRoute);
+    document.addEventListener("visibilitychange", () => {
+      if (!document.hidden) tick();
+    });
+    onRoute();
+    tick();
+  }
+
+  start();
+})();

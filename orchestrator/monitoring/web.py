@@ -1,0 +1,277 @@
+"""The orchestrator's live status page: a small aiohttp app over a `PageSource`.
+
+    GET /                                the page (a static file: every value comes from the API)
+    GET /static/...                      its script, styles and the vendored uPlot
+    GET /api/info                        the service: generation, store, dashboard, nodes, counts
+    GET /api/queue                       every job's view, plus its newest rates ("live", "restarts")
+    GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)
+    GET /api/jobs/{id}/metrics?since=N   the job's metrics records with step > N
+    GET /metrics                         the registry in Prometheus' text format (404 without one)
+
+The service actor is a threaded Ray actor with no event loop of its own, so `serve` runs the
+app on a loop in a background thread. Source calls may block (the service holds a lock), so
+they run in the loop's executor, never on the loop itself. Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+import prometheus_client
+from aiohttp import web
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+# what a page may load and run: only its own files; an injected tag could do nothing even if
+# some value ever escaped the page's text-only rendering
+PAGE_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+ACTIVE_STATES = ("admitted", "running", "stopping")  # states whose rates change while we watch
+TERMINAL_STATES = ("succeeded", "failed", "stopped")
+LIVE_KEYS = ("step", "time", "loss", "samples_per_s", "tokens_per_s", "mfu", "tflops_per_worker")
+
+
+class PageSource(Protocol):
+    """What the orchestrator service gives the page; every method returns plain JSON-able data."""
+
+    def info(self) -> dict:
+        """{"generation", "store", "dashboard", "started_at", "nodes", "jobs": {state: count},
+        "resources": {"total": {...}, "busy": {...}}}"""
+        ...
+
+    def queue(self) -> list[dict]:
+        """Job views in queue order, finished jobs included (no history)."""
+        ...
+
+    def job(self, job_id: str) -> dict | None:
+        """A job view with "history" and "checkpoints" (URIs, newest last); None if unknown."""
+        ...
+
+    def metrics(self, job_id: str, since_step: int) -> list[dict]:
+        """The job's metrics records with step > since_step: training records ("step", "loss",
+        "lr", "samples_per_s", "tokens_per_s", "mfu", ...) and eval records ("step", "eval_*")."""
+        ...
+
+
+def plain(value: Any) -> Any:
+    """`value` with NaN and infinities as None: the browser's JSON.parse rejects them, and a
+    diverged loss must not take the whole page down."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    body = json.dumps(plain(data), default=str, separators=(",", ":"))
+    return web.json_response(text=body, status=status, headers={"Cache-Control": "no-store"})
+
+
+def _not_found(job_id: str) -> web.Response:
+    return _json({"error": f"no job '{job_id}' in the orchestrator's queue"}, status=404)
+
+
+def restarts(view: dict) -> int:
+    """Admissions that did not resume a preemption: a driver that died, a start that timed out."""
+    if isinstance(view.get("restarts"), int):
+        return view["restarts"]
+    return max((view.get("attempt") or 0) - 1 - (view.get("preemptions") or 0), 0)
+
+
+class LiveRates:
+    """The newest training record of each running job, read incrementally (only records past
+    the last step seen), so the queue shows throughput and MFU without the page reading every
+    job's metrics. Finished jobs show their summary's whole-run figures instead."""
+
+    def __init__(self, source: PageSource):
+        self.source = source
+        self.lock = threading.Lock()
+        self.newest: dict[str, tuple[int, dict | None]] = {}  # job id -> (last step seen, record)
+
+    def annotate(self, views: list[dict]) -> list[dict]:
+        """Copies of `views`, each with "live" (its newest rates, or None) and "restarts"."""
+        views = [dict(view) for view in views]  # the source's own dicts stay as they were
+        active = set()
+        for view in views:
+            job_id, state = view.get("id"), view.get("state")
+            if state in ACTIVE_STATES:
+                active.add(job_id)
+                view["live"] = self._running(job_id)
+            elif state in TERMINAL_STATES:
+                view["live"] = self._summary(view.get("summary"))
+            else:
+                view["live"] = None  # waiting: no rate to speak of
+            view["restarts"] = restarts(view)
+        with self.lock:  # forget jobs that stopped running
+            for job_id in set(self.newest) - active:
+                del self.newest[job_id]
+        return views
+
+    def _running(self, job_id: str) -> dict | None:
+        with self.lock:
+            last_step, record = self.newest.get(job_id, (-1, None))
+        try:
+            records = self.source.metrics(job_id, last_step)
+        except KeyError:
+            return None
+        for r in records:
+            step = r.get("step")
+            if not isinstance(step, (int, float)):
+                continue
+            last_step = max(last_step, int(step))
+            if "loss" in r and (record is None or step >= record.get("step", -1)):
+                record = {k: r[k] for k in LIVE_KEYS if k in r}
+        with self.lock:
+            self.newest[job_id] = (last_step, record)
+        return record
+
+    @staticmethod
+    def _summary(summary: dict | None) -> dict | None:
+        if not summary:
+            return None
+        rates = summary.get("throughput") or {}
+        return {
+            "step": summary.get("steps"),
+            "loss": summary.get("final_train_loss"),
+            "samples_per_s": summary.get("samples_per_s"),
+            "tokens_per_s": summary.get("tokens_per_s"),
+            "mfu": rates.get("mfu"),
+            "tflops_per_worker": rates.get("tflops_per_worker"),
+        }
+
+
+def make_app(
+    source: PageSource, registry: prometheus_client.CollectorRegistry | None = None
+) -> web.Application:
+    """The status page's app; host it with `serve` (or any aiohttp runner)."""
+    live = LiveRates(source)
+
+    async def call(fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    async def page(request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    async def info(request: web.Request) -> web.Response:
+        return _json(await call(source.info))
+
+    async def queue(request: web.Request) -> web.Response:
+        views = await call(source.queue)
+        return _json(await call(live.annotate, views))
+
+    async def job(request: web.Request) -> web.Response:
+        job_id = request.match_info["id"]
+        try:
+            view = await call(source.job, job_id)
+        except KeyError:
+            view = None
+        if view is None:
+            return _not_found(job_id)
+        return _json({**view, "restarts": restarts(view)})
+
+    async def job_metrics(request: web.Request) -> web.Response:
+        job_id = request.match_info["id"]
+        try:
+            since = int(request.query.get("since", "-1"))
+        except ValueError:
+            return _json({"error": "since must be a step number"}, status=400)
+        try:
+            records = await call(source.metrics, job_id, since)
+        except KeyError:
+            return _not_found(job_id)
+        return _json(records)
+
+    async def metrics(request: web.Request) -> web.Response:
+        if registry is None:
+            return _json({"error": "this orchestrator service exports no Prometheus metrics"}, status=404)
+        body = await call(prometheus_client.generate_latest, registry)
+        return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
+    @web.middleware
+    async def headers(request: web.Request, handler) -> web.StreamResponse:
+        response = await handler(request)
+        response.headers.setdefault("Content-Security-Policy", PAGE_POLICY)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        if request.path.startswith("/static/"):
+            response.headers.setdefault("Cache-Control", "no-cache")  # revalidate: new versions show
+        return response
+
+    app = web.Application(middlewares=[headers])
+    app.router.add_get("/", page)
+    app.router.add_static("/static/", STATIC_DIR)
+    app.router.add_get("/api/info", info)
+    app.router.add_get("/api/queue", queue)
+    app.router.add_get("/api/jobs/{id}", job)
+    app.router.add_get("/api/jobs/{id}/metrics", job_metrics)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+class PageServer:
+    """An app running on an event loop of its own in a daemon thread; `stop()` ends both."""
+
+    def __init__(self, app: web.Application, host: str, port: int, start_timeout_s: float = 30.0):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="orchestrator-status-page", daemon=True
+        )
+        self.thread.start()
+        self.runner = web.AppRunner(app, access_log=None)
+        try:
+            bound = self._wait(self._start(host, port), start_timeout_s)
+        except BaseException:  # e.g. the port is taken: leave no thread or half-set-up runner behind
+            try:
+                self._wait(self.runner.cleanup(), 5.0)
+            finally:
+                self._close_loop()
+            raise
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{bound[1]}/"
+        self._stopped = False
+
+    async def _start(self, host: str, port: int) -> tuple:
+        await self.runner.setup()
+        await web.TCPSite(self.runner, host, port).start()
+        return self.runner.addresses[0]  # the bound (host, port): port 0 asked for a free one
+
+    async def _shutdown(self) -> None:
+        await self.runner.cleanup()
+        await self.loop.shutdown_default_executor()
+
+    def _wait(self, coroutine, timeout_s: float):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
+
+    def _close_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Close the listening socket and every connection, then end the loop's thread."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self._wait(self._shutdown(), timeout_s)
+        finally:
+            self._close_loop()
+
+
+def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> tuple[PageServer, str]:
+    """Start `app` on host:port in a background thread; port 0 picks a free one. Returns the
+    server (call `stop()` to end it) and the URL it answers on. Loopback by default: exposing
+    the page beyond the machine is the caller's explicit choice."""
+    server = PageServer(app, host, port)
+    return server, server.url

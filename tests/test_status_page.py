@@ -1,0 +1,774 @@
+"""The orchestrator's live status page: its HTTP API on a real server, and the page itself in a
+real headless Chromium (Debian's `chromium` + `chromium-driver`) fed by a fake service whose
+running job keeps training while the browser watches."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import prometheus_client
+import pytest
+
+from orchestrator.monitoring import web
+from orchestrator.monitoring.web import make_app, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+# the README's picture is refreshed only on request (ORCHESTRATOR_SCREENSHOT_DIR=docs/images):
+# a test run must not rewrite a tracked file
+SCREENSHOT = Path(os.environ.get("ORCHESTRATOR_SCREENSHOT_DIR") or tempfile.mkdtemp()) / "status-page.png"
+ARTIFACTS = ROOT / "tests" / "_artifacts"
+DASHBOARD = "http://127.0.0.1:8265"
+HOSTILE_NAME = "<img src=x onerror=alert(1)>"
+HOSTILE_NOTE = "<script>window.__pwned = true</script> waiting for <b>8 GPU</b>"
+HOSTILE_URI = 's3://bucket/"><img src=x onerror=alert(2)>/checkpoint_000200'
+
+
+# --- a fake orchestrator service --------------------------------------------------------------------
+
+
+def _loss(step: int, rng: random.Random) -> float:
+    """A language model's training loss: fast drop, long tail, a little noise."""
+    base = 3.05 + 7.9 * math.exp(-step / 900) + 0.55 * math.exp(-step / 9000)
+    return base * (1 + rng.gauss(0, 0.012))
+
+
+def _job(job_id: str, name: str, state: str, **fields) -> dict:
+    view = {
+        "id": job_id,
+        "name": name,
+        "run": name,
+        "state": state,
+        "priority": 0,
+        "queue": "default",
+        "preemptible": False,
+        "workers": 1,
+        "per_worker": {"CPU": 8, "GPU": 1},
+        "submitted_at": time.time() - 3600,
+        "admitted_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "attempt": 0,
+        "preemptions": 0,
+        "steps_lost": 0,
+        "step": 0,
+        "total_steps": None,
+        "step_time_s": None,
+        "remaining_s": None,
+        "last_checkpoint": None,
+        "note": None,
+        "reason": None,
+        "submission_id": None,
+        "submission": None,
+        "launched_by": "service",
+        "placement": {},
+        "stop_requested": None,
+        "sweep": None,
+        "sweep_params": {},
+        "summary": None,
+        "history": [],
+    }
+    view.update(fields)
+    return view
+
+
+class FakeService:
+    """What the orchestrator service feeds the page: a small cluster with jobs in every state.
+    Its running GPT job keeps training (`start_training`): records, evals and checkpoints grow."""
+
+    LOG_EVERY = 25
+    EVAL_EVERY = 1000
+    CHECKPOINT_EVERY = 2000
+
+    def __init__(self, hostile: bool = False, steps_done: int = 8000):
+        self.lock = threading.Lock()
+        self.rng = random.Random(7)
+        self.metrics_calls: list[tuple[str, int]] = []
+        self.jobs: dict[str, dict] = {}
+        self.records: dict[str, list[dict]] = {}
+        self.checkpoints: dict[str, list[str]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        now = time.time()
+        gpt = "gpt2-small-owt-1123-0912-a41c"
+        self.running_id = gpt
+        self._add(
+            _job(
+                gpt,
+                "gpt2-small-owt",
+                "running",
+                priority=10,
+                queue="research",
+                preemptible=False,
+                workers=8,
+                per_worker={"CPU": 10, "GPU": 1, "memory": 64 * 2**30},
+                submitted_at=now - 4 * 3600 - 310,
+                admitted_at=now - 4 * 3600 - 250,
+                started_at=now - 4 * 3600 - 200,
+                attempt=2,
+                total_steps=30000,
+                step_time_s=0.92,
+                submission_id=f"{gpt}-a2",
+                submission=f"{gpt}-a2",
+                placement={"node-2f9c61": 4, "node-8a01d3": 4},
+                history=[
+                    {"time": now - 4 * 3600 - 310, "event": "queued", "priority": 10, "by": "service"},
+                    {"time": now - 4 * 3600 - 250, "event": "admitted", "attempt": 1, "nodes": 2, "step": 0},
+                    {"time": now - 4 * 3600 - 200, "event": "running", "attempt": 1, "step": 0},
+                    {"time": now - 3 * 3600, "event": "driver-exited", "step": 2980, "steps_lost": 980},
+                    {
+                        "time": now - 3 * 3600 + 40,
+                        "event": "admitted",
+                        "attempt": 2,
+                        "nodes": 2,
+                        "step": 2000,
+                    },
+                    {"time": now - 3 * 3600 + 95, "event": "running", "attempt": 2, "step": 2000},
+                ],
+            )
+        )
+        self.records[gpt] = []
+        self.checkpoints[gpt] = []
+        self._train(gpt, steps_done)
+
+        vit = "vit-b16-imagenet-1123-1040-07be"
+        self._add(
+            _job(
+                vit,
+                "vit-b16-imagenet",
+                "running",
+                priority=5,
+                queue="vision",
+                preemptible=True,
+                workers=4,
+                per_worker={"CPU": 12, "GPU": 1},
+                submitted_at=now - 2 * 3600,
+                admitted_at=now - 2 * 3600 + 30,
+                started_at=now - 2 * 3600 + 75,
+                attempt=1,
+                step=21400,
+                total_steps=50000,
+                step_time_s=0.301,
+                remaining_s=(50000 - 21400) * 0.301,
+                submission_id=f"{vit}-a1",
+                submission=f"{vit}-a1",
+                last_checkpoint="gs://vision-runs/vit-b16-imagenet/checkpoint_020000",
+            )
+        )
+        self.records[vit] = [
+            {"step": 21400, "loss": 2.412, "samples_per_s": 13584.0, "mfu": 0.362, "tflops_per_worker": 358.1}
+        ]
+        sweep = "resnet50-lr-sweep-002"
+        self._add(
+            _job(
+                f"{sweep}-1123-1301-9d2e",
+                sweep,
+                "admitted",
+                priority=2,
+                queue="vision",
+                preemptible=True,
+                workers=2,
+                per_worker={"CPU": 8, "GPU": 1},
+                submitted_at=now - 1500,
+                admitted_at=now - 12,
+                attempt=1,
+                total_steps=12000,
+                sweep="resnet50-lr-sweep",
+                sweep_params={"optimizer.lr": 0.003},
+                submission=f"{sweep}-1123-1301-9d2e-a1",
+                submission_id=f"{sweep}-1123-1301-9d2e-a1",
+            )
+        )
+        self._add(
+            _job(
+                "vit-small-distill-1123-0820-5b11",
+                "vit-small-distill",
+                "preempted",
+                priority=0,
+                queue="vision",
+                preemptible=True,
+                workers=4,
+                submitted_at=now - 5 * 3600,
+                attempt=1,
+                preemptions=1,
+                step=12000,
+                total_steps=40000,
+                step_time_s=0.18,
+                last_checkpoint="gs://vision-runs/vit-small-distill/checkpoint_012000",
+                note="queued behind 1 job(s), next in line llama-1b-code (priority 5): waiting for 8 GPU",
+                summary={"steps": 12000, "samples_per_s": 7012.0, "throughput": {"mfu": 0.31}},
+            )
+        )
+        self._add(
+            _job(
+                "llama-1b-code-1123-1322-c0de",
+                "llama-1b-code",
+                "queued",
+                priority=5,
+                queue="research",
+                workers=8,
+                per_worker={"CPU": 10, "GPU": 1},
+                submitted_at=now - 840,
+                total_steps=100000,
+                note="next in line: waiting for 8 GPU; resources reserved, expected to start in 1h 12m "
+                "by runtime estimates",
+            )
+        )
+        self._add(
+            _job(
+                "bert-base-finetune-1123-1330-aa10",
+                "bert-base-finetune",
+                "queued",
+                priority=0,
+                queue="nlp",
+                workers=2,
+                submitted_at=now - 420,
+                note="queued behind 2 job(s), next in line llama-1b-code (priority 5)",
+            )
+        )
+        self._add(
+            _job(
+                "convnet-fashion-1123-0700-11aa",
+                "convnet-fashion",
+                "succeeded",
+                priority=0,
+                workers=2,
+                per_worker={"CPU": 4},
+                submitted_at=now - 6 * 3600,
+                admitted_at=now - 6 * 3600 + 5,
+                started_at=now - 6 * 3600 + 20,
+                finished_at=now - 5 * 3600 - 1200,
+                attempt=1,
+                step=5000,
+                total_steps=5000,
+                submission_id="convnet-fashion-1123-0700-11aa-a1",
+                submission="convnet-fashion-1123-0700-11aa-a1",
+                last_checkpoint="/mnt/nfs/runs/convnet-fashion/checkpoint_005000",
+                summary={
+                    "steps": 5000,
+                    "samples_per_s": 41250.0,
+                    "final_train_loss": 0.284,
+                    "throughput": {},
+                },
+            )
+        )
+        self._add(
+            _job(
+                "gpt-nano-char-1123-0955-f00d",
+                "gpt-nano-char",
+                "failed",
+                priority=0,
+                queue="research",
+                workers=1,
+                submitted_at=now - 3 * 3600,
+                admitted_at=now - 3 * 3600 + 4,
+                started_at=now - 3 * 3600 + 30,
+                finished_at=now - 2 * 3600 - 1800,
+                attempt=1,
+                step=3100,
+                total_steps=20000,
+                reason="loss is not finite at or before step 3100",
+                submission_id="gpt-nano-char-1123-0955-f00d-a1",
+                submission="gpt-nano-char-1123-0955-f00d-a1",
+                summary={"steps": 3100, "samples_per_s": 512.0, "tokens_per_s": 524288.0, "throughput": {}},
+            )
+        )
+        if hostile:
+            self.hostile_id = "hostile-1123-1400-0bad"
+            self._add(
+                _job(
+                    self.hostile_id,
+                    HOSTILE_NAME,
+                    "failed",
+                    queue="<i>q</i>",
+                    submitted_at=now - 60,
+                    finished_at=now - 30,
+                    attempt=1,
+                    step=200,
+                    total_steps=1000,
+                    note=HOSTILE_NOTE,
+                    reason="<b>oops</b><script>window.__pwned = true</script>",
+                    run="<svg onload=alert(3)>",
+                    submission_id='x"><img src=x onerror=alert(4)>',
+                    last_checkpoint=HOSTILE_URI,
+                    sweep_params={"<img src=x>": "<script>1</script>"},
+                    history=[{"time": now - 60, "event": "queued", "by": "<img src=x onerror=alert(5)>"}],
+                )
+            )
+            self.checkpoints[self.hostile_id] = [HOSTILE_URI]
+            self.records[self.hostile_id] = [{"step": 100, "loss": 1.0}, {"step": 200, "loss": 0.5}]
+
+    def _add(self, view: dict) -> None:
+        self.jobs[view["id"]] = view
+
+    def _train(self, job_id: str, steps: int) -> None:
+        """Advance the running job by `steps`: one record per LOG_EVERY steps, evals, checkpoints."""
+        job = self.jobs[job_id]
+        for _ in range(steps // self.LOG_EVERY):
+            step = job["step"] + self.LOG_EVERY
+            warm = min(1.0, 0.55 + step / 600)
+            rate = 440.0 * warm * (1 + self.rng.gauss(0, 0.015))  # sequences of 1024 tokens
+            self.records[job_id].append(
+                {
+                    "step": step,
+                    "loss": _loss(step, self.rng),
+                    "lr": 6e-4 * min(1.0, step / 1000),
+                    "samples_per_s": rate,
+                    "tokens_per_s": rate * 1024,
+                    "mfu": 0.385 * rate / 440.0,
+                    "tflops_per_worker": 380.0 * rate / 440.0,
+                    "grad_norm": 1.0 + self.rng.random() * 0.3,
+                    "time": time.time(),
+                }
+            )
+            if step % self.EVAL_EVERY == 0:
+                eval_loss = _loss(step, random.Random(step)) * 1.03
+                self.records[job_id].append(
+                    {
+                        "step": step,
+                        "eval_loss": eval_loss,
+                        "eval_accuracy": min(0.9, 1.6 / eval_loss - 0.05),
+                        "eval_perplexity": math.exp(eval_loss),
+                    }
+                )
+            if step % self.CHECKPOINT_EVERY == 0:
+                uri = f"s3://ml-checkpoints/gpt2-small-owt/checkpoint_{step:06d}"
+                self.checkpoints[job_id].append(uri)
+                job["last_checkpoint"] = uri
+            job["step"] = step
+        job["remaining_s"] = (job["total_steps"] - job["step"]) * job["step_time_s"]
+
+    def start_training(self, steps_per_tick: int = 50, tick_s: float = 0.25) -> None:
+        def loop():
+            while not self._stop.wait(tick_s):
+                with self.lock:
+                    self._train(self.running_id, steps_per_tick)
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop_training(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+
+    # -- the PageSource methods ---------------------------------------------------------------------
+
+    def info(self) -> dict:
+        with self.lock:
+            counts: dict[str, int] = {}
+            for job in self.jobs.values():
+                counts[job["state"]] = counts.get(job["state"], 0) + 1
+            return {
+                "generation": 3,
+                "store": "s3://ml-platform/orchestrator",
+                "dashboard": DASHBOARD,
+                "started_at": time.time() - 26 * 3600 - 480,
+                "nodes": 4,
+                "jobs": counts,
+                "resources": {
+                    "total": {"CPU": 256.0, "GPU": 32.0, "memory": 2048 * 2**30, "node:10.0.0.5": 1.0},
+                    "busy": {"CPU": 144.0, "GPU": 14.0, "memory": 640 * 2**30},
+                },
+            }
+
+    def queue(self) -> list[dict]:
+        with self.lock:
+            views = [dict(j) for j in self.jobs.values()]
+        for view in views:
+            view.pop("history")
+        return views
+
+    def job(self, job_id: str) -> dict | None:
+        with self.lock:
+            if job_id not in self.jobs:
+                return None
+            view = json.loads(json.dumps(self.jobs[job_id]))
+            view["checkpoints"] = list(self.checkpoints.get(job_id, []))
+            return view
+
+    def metrics(self, job_id: str, since_step: int) -> list[dict]:
+        with self.lock:
+            self.metrics_calls.append((job_id, since_step))
+            if job_id not in self.jobs:
+                raise KeyError(job_id)
+            return [dict(r) for r in self.records.get(job_id, []) if r["step"] > since_step]
+
+
+# --- serving ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def registry():
+    reg = prometheus_client.CollectorRegistry()
+    gauge = prometheus_client.Gauge("orchestrator_jobs", "Jobs by state", ["state"], registry=reg)
+    gauge.labels(state="running").set(2)
+    return reg
+
+
+@pytest.fixture
+def served(registry):
+    """A real server on a free loopback port: (fake service, base url)."""
+    source = FakeService()
+    server, url = serve(make_app(source, registry), "127.0.0.1", 0)
+    yield source, url
+    server.stop()
+
+
+def fetch(url: str) -> tuple[int, dict, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def fetch_json(url: str):
+    status, headers, body = fetch(url)
+    assert headers["Content-Type"].startswith("application/json"), headers
+    return status, json.loads(body)
+
+
+# --- the API -----------------------------------------------------------------------------------------
+
+
+def test_serve_binds_loopback_on_a_free_port_and_stops():
+    server, url = serve(make_app(FakeService()), "127.0.0.1", 0)
+    parsed = urllib.parse.urlparse(url)
+    assert parsed.hostname == "127.0.0.1" and parsed.port and parsed.port > 0
+    assert fetch(url)[0] == 200
+    server.stop()
+    server.stop()  # a second stop is harmless
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", parsed.port), timeout=2).close()
+
+
+def test_page_is_static_and_carries_no_service_data(served):
+    source, url = served
+    status, headers, body = fetch(url)
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert body == (Path(web.__file__).parent / "static" / "index.html").read_bytes()
+    page = body.decode()
+    for job in source.jobs.values():  # every value arrives later, through the API, as text
+        assert job["id"] not in page and job["name"] not in page
+    assert "s3://" not in page and DASHBOARD not in page
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    assert "<script>" not in page  # no inline script: the policy would refuse it anyway
+    for src in ("static/uPlot.iife.min.js", "static/app.js", "static/app.css", "static/uPlot.min.css"):
+        assert src in page and "//" not in src  # served here, no CDN
+
+
+def test_static_assets_and_uplot_license(served):
+    _, url = served
+    status, headers, body = fetch(url + "static/app.js")
+    assert status == 200 and "javascript" in headers["Content-Type"]
+    # the page writes text nodes only: no HTML parsing of any value
+    assert not re.search(
+        rb"(inner|outer)HTML\s*\+?=|insertAdjacentHTML|document\.write|createContextualFragment", body
+    )
+    status, _, body = fetch(url + "static/uPlot.iife.min.js")
+    assert status == 200 and body.startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    status, headers, body = fetch(url + "static/uPlot.min.css")
+    assert status == 200 and headers["Content-Type"].startswith("text/css")
+    status, _, body = fetch(url + "static/uPlot.LICENSE")
+    assert status == 200 and b"MIT License" in body and b"Leon Sorokin" in body
+    assert fetch(url + "static/nothing.js")[0] == 404
+    assert fetch(url + "static/%2e%2e/web.py")[0] in (403, 404)  # nothing outside the folder
+
+
+def test_info_and_queue(served):
+    source, url = served
+    status, info = fetch_json(url + "api/info")
+    assert status == 200 and info["generation"] == 3 and info["dashboard"] == DASHBOARD
+    assert info["jobs"]["running"] == 2 and info["resources"]["total"]["GPU"] == 32.0
+    status, queue = fetch_json(url + "api/queue")
+    assert status == 200 and [j["id"] for j in queue] == list(source.jobs)
+    views = {j["id"]: j for j in queue}
+    gpt = views[source.running_id]
+    assert "history" not in gpt and gpt["step"] == 8000 and gpt["total_steps"] == 30000
+    newest = [r for r in source.records[source.running_id] if "loss" in r][-1]
+    assert gpt["live"]["step"] == newest["step"] and gpt["live"]["mfu"] == pytest.approx(newest["mfu"])
+    assert gpt["live"]["tokens_per_s"] == pytest.approx(newest["tokens_per_s"])
+    assert gpt["restarts"] == 1  # two admissions, no preemption: the driver died once
+    preempted = views["vit-small-distill-1123-0820-5b11"]
+    assert preempted["live"] is None and preempted["restarts"] == 0  # waiting: no rate shown
+    done = views["convnet-fashion-1123-0700-11aa"]
+    assert done["live"]["samples_per_s"] == 41250.0 and done["live"]["loss"] == 0.284
+
+
+def test_queue_reads_running_jobs_metrics_incrementally(served):
+    source, url = served
+    fetch_json(url + "api/queue")
+    first = [since for job, since in source.metrics_calls if job == source.running_id]
+    assert first == [-1]
+    with source.lock:
+        source._train(source.running_id, 100)
+    source.metrics_calls.clear()
+    _, queue = fetch_json(url + "api/queue")
+    assert (source.running_id, 8000) in source.metrics_calls  # only records past the last step seen
+    assert {job for job, _ in source.metrics_calls} == {
+        j["id"] for j in queue if j["state"] in ("admitted", "running", "stopping")
+    }
+    assert next(j for j in queue if j["id"] == source.running_id)["live"]["step"] == 8100
+
+
+def test_job_view_with_history_and_checkpoints(served):
+    source, url = served
+    status, view = fetch_json(url + "api/jobs/" + source.running_id)
+    assert status == 200 and view["id"] == source.running_id
+    assert [h["event"] for h in view["history"]][:3] == ["queued", "admitted", "running"]
+    assert view["checkpoints"][-1] == "s3://ml-checkpoints/gpt2-small-owt/checkpoint_008000"
+    assert len(view["checkpoints"]) == 4 and view["restarts"] == 1
+    status, error = fetch_json(url + "api/jobs/no-such-job")
+    assert status == 404 and "no-such-job" in error["error"]
+
+
+def test_metrics_since_step(served):
+    source, url = served
+    status, records = fetch_json(url + f"api/jobs/{source.running_id}/metrics?since=7900")
+    assert status == 200
+    assert [r["step"] for r in records] == [7925, 7950, 7975, 8000, 8000]  # the last one is an eval
+    assert set(records[-1]) == {"step", "eval_loss", "eval_accuracy", "eval_perplexity"}
+    status, everything = fetch_json(url + f"api/jobs/{source.running_id}/metrics")
+    assert len(everything) == len(source.records[source.running_id])
+    assert fetch_json(url + f"api/jobs/{source.running_id}/metrics?since=abc")[0] == 400
+    assert fetch_json(url + "api/jobs/nope/metrics?since=0")[0] == 404
+
+
+def test_non_finite_values_become_null(served):
+    source, url = served
+    with source.lock:
+        source.records[source.running_id].append({"step": 99999, "loss": float("nan"), "mfu": float("inf")})
+    _, records = fetch_json(url + f"api/jobs/{source.running_id}/metrics?since=8000")
+    assert records == [{"step": 99999, "loss": None, "mfu": None}]  # JSON.parse accepts this
+
+
+def test_prometheus_metrics(served):
+    _, url = served
+    status, headers, body = fetch(url + "metrics")
+    assert status == 200 and headers["Content-Type"] == prometheus_client.CONTENT_TYPE_LATEST
+    assert b'orchestrator_jobs{state="running"} 2.0' in body
+    server, bare = serve(make_app(FakeService()), "127.0.0.1", 0)
+    try:
+        assert fetch(bare + "metrics")[0] == 404  # no registry given
+    finally:
+        server.stop()
+
+
+# --- the page in a real browser ------------------------------------------------------------------------
+
+
+def _browser_binaries() -> tuple[str, str] | None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (chromium, driver) if chromium and driver else None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    binaries = _browser_binaries()
+    if binaries is None:
+        pytest.skip("Chromium is not installed here (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = binaries[0]
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900"):
+        options.add_argument(arg)
+    options.add_argument("--lang=en-US")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(binaries[1]), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "the page"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def points(driver, chart: str) -> int:
+    return int(driver.execute_script(f"return document.getElementById('chart-{chart}').dataset.points"))
+
+
+def page_errors(driver) -> list[str]:
+    """Console errors, CSP violations included (the favicon and everything else is local)."""
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def save_full_page(driver, path: Path) -> None:
+    """The whole page in one image: the window grows to the document's height."""
+    chrome = driver.execute_script("return window.outerHeight - window.innerHeight")
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1400, min(height + chrome, 4000))
+    driver.execute_script("window.scrollTo(0, 0)")
+    time.sleep(0.6)  # the charts follow the new size
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(path))
+
+
+def test_page_shows_the_queue_and_live_curves(browser, registry):
+    source = FakeService()
+    server, url = serve(make_app(source, registry), "127.0.0.1", 0)
+    source.start_training()
+    try:
+        browser.get_log("browser")  # start from a clean console
+        browser.get(url)
+        rows = wait_for(
+            lambda: (
+                browser.find_elements("css selector", "#queue-body tr")
+                if len(browser.find_elements("css selector", "#queue-body tr")) == len(source.jobs)
+                else None
+            ),
+            what="a row per job",
+        )
+        assert rows[0].get_attribute("data-job-id") == source.running_id
+        table = browser.find_element("id", "queue").text
+        for expected in ("gpt2-small-owt", "running", "preempted", "failed", "research", "8 × 1 GPU"):
+            assert expected in table
+        assert "loss is not finite at or before step 3100" in table  # the failed job's reason
+        failed_badge = browser.find_element("css selector", '[data-job-id^="gpt-nano-char"] .badge')
+        assert "s-failed" in failed_badge.get_attribute("class")
+        link = browser.find_element("css selector", f'[data-job-id="{source.running_id}"] a.ext')
+        assert link.get_attribute("href") == f"{DASHBOARD}/#/jobs/{source.running_id}-a2"
+        assert browser.find_element("id", "dashboard-link").get_attribute("href") == DASHBOARD + "/"
+
+        browser.execute_script("window.__sameDocument = true")
+        rows[0].click()
+        wait_for(lambda: points(browser, "loss") > 0, what="the loss curve")
+        assert browser.current_url.endswith("#/jobs/" + source.running_id)
+        first = points(browser, "loss")
+        assert first >= 320  # the 8,000 steps logged before the page opened, every 25 steps
+        wait_for(lambda: points(browser, "loss") >= first + 10, what="new points on the loss curve")
+        assert browser.execute_script("return window.__sameDocument") is True  # no reload
+        counts = browser.execute_script(
+            "return ['loss', 'eval', 'rate'].map(c => +document.getElementById('chart-' + c).dataset.points)"
+        )
+        assert counts[1] >= 8 and counts[2] == counts[0]  # eval every 1,000 steps; a rate per step
+        uplot = browser.execute_script(
+            "return document.querySelectorAll('#chart-loss .uplot canvas, #chart-eval .uplot canvas').length"
+        )
+        assert uplot == 2
+
+        panel = browser.find_element("id", "job")
+        assert "s3://ml-checkpoints/gpt2-small-owt/checkpoint_008000" in panel.text
+        assert "driver-exited" in panel.text and "node-2f9c61 × 4" in panel.text
+        job_link = browser.find_element("id", "job-dashboard")
+        assert job_link.get_attribute("href") == f"{DASHBOARD}/#/jobs/{source.running_id}-a2"
+
+        source.stop_training()
+        time.sleep(2.5)  # one more poll, so the screenshot shows settled values
+        save_full_page(browser, SCREENSHOT)
+        assert page_errors(browser) == []
+    finally:
+        source.stop_training()
+        browser.set_window_size(1400, 900)
+        server.stop()
+
+
+def test_spec_strings_are_shown_as_text_never_as_markup(browser):
+    source = FakeService(hostile=True)
+    server, url = serve(make_app(source), "127.0.0.1", 0)
+    try:
+        browser.get_log("browser")  # start from a clean console
+        browser.get(url)
+        wait_for(
+            lambda: HOSTILE_NAME in browser.find_element("id", "queue").text, what="the hostile job's row"
+        )
+        browser.find_element("css selector", f'[data-job-id="{source.hostile_id}"]').click()
+        wait_for(lambda: points(browser, "loss") == 2, what="the hostile job's curve")
+        panel = browser.find_element("id", "job").text
+        assert HOSTILE_NAME in browser.find_element("id", "job-name").text
+        assert "<b>oops</b><script>window.__pwned = true</script>" in panel  # the reason, as text
+        assert "<svg onload=alert(3)>" in panel and HOSTILE_URI in panel and "<img src=x>" in panel
+        assert "<img src=x onerror=alert(5)>" in panel  # a history detail
+        save_full_page(browser, ARTIFACTS / "status-page-hostile.png")
+        assert browser.execute_script("return document.querySelectorAll('img, svg image, b, i').length") == 0
+        scripts = browser.execute_script(
+            "return Array.from(document.scripts).map(s => s.getAttribute('src'))"
+        )
+        assert scripts == ["static/uPlot.iife.min.js", "static/app.js"]
+        assert browser.execute_script("return document.querySelectorAll('svg').length") == 1  # the logo
+        assert browser.execute_script("return window.__pwned === undefined") is True
+        # a submission id is a URL component, never markup or a way out of the attribute
+        href = browser.find_element("id", "job-dashboard").get_attribute("href")
+        assert href == DASHBOARD + "/#/jobs/" + urllib.parse.quote(
+            'x"><img src=x onerror=alert(4)>', safe="()!*'~"
+        )  # as encodeURIComponent
+        assert page_errors(browser) == []
+    finally:
+        browser.set_window_size(1400, 900)
+        server.stop()
+
+
+def test_a_dashboard_address_that_is_not_http_never_becomes_a_link(browser):
+    source = FakeService()
+    source.info = lambda: {**FakeService.info(source), "dashboard": "javascript:window.__pwned=1"}
+    server, url = serve(make_app(source), "127.0.0.1", 0)
+    try:
+        browser.get_log("browser")  # start from a clean console
+        browser.get(url)
+        wait_for(lambda: browser.find_elements("css selector", "#queue-body tr"), what="the queue")
+        time.sleep(0.3)
+        assert not browser.find_element("id", "dashboard-link").is_displayed()
+        links = browser.execute_script(
+            "return Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))"
+        )
+        assert not [h for h in links if h.startswith("javascript:")]
+    finally:
+        server.stop()
+
+
+def test_page_says_when_the_service_cannot_be_reached_and_keeps_its_data(browser):
+    source = FakeService()
+    server, url = serve(make_app(source), "127.0.0.1", 0)
+    stopped = False
+    try:
+        browser.get_log("browser")  # start from a clean console
+        browser.get(url)
+        wait_for(
+            lambda: browser.find_element("id", "live").get_attribute("data-state") == "ok", what="a poll"
+        )
+        server.stop()
+        stopped = True
+        wait_for(
+            lambda: browser.find_element("id", "live").get_attribute("data-state") == "error",
+            timeout=10,
+            what="the page to notice",
+        )
+        assert "cannot reach the orchestrator service" in browser.find_element("id", "live").text
+        assert len(browser.find_elements("css selector", "#queue-body tr")) == len(source.jobs)
+    finally:
+        if not stopped:
+            server.stop()
+
+
+def test_serve_reports_a_port_that_is_taken():
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        with pytest.raises(OSError):
+            serve(make_app(FakeService()), "127.0.0.1", taken.getsockname()[1])
+    finally:
+        taken.close()

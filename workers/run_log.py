@@ -1,0 +1,55 @@
+"""A run's metrics, as the loop (or the driver that watches it) hands them over: the durable
+Parquet log in `<run>/metrics/` and, with `metrics.tensorboard: true`, TensorBoard event files.
+
+Whoever writes calls `rewind(history)` once when a run (re)starts from a checkpoint (or from
+scratch, with []), then `append(records)` as records come, and `close()` at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+from workers import storage
+from workers.metrics_log import MetricsWriter
+from workers.tensorboard import TensorBoardWriter
+
+log = logging.getLogger("workers")
+
+
+def tensorboard_dir(run_uri: str) -> str:
+    """Next to the checkpoints for local storage; SummaryWriter writes local files only, so for
+    remote storage a local directory under the system's temp dir."""
+    if storage.is_local(run_uri):
+        return os.path.join(storage.resolve(run_uri)[1], "tensorboard")
+    name = run_uri.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
+    return os.path.join(tempfile.gettempdir(), "orchestrator-tensorboard", name)
+
+
+class RunLog:
+    def __init__(self, run_uri: str, tensorboard: bool = False, flush_every_s: float = 5.0):
+        self.metrics = MetricsWriter(run_uri, flush_every_s=flush_every_s)
+        self.tensorboard = TensorBoardWriter(tensorboard_dir(run_uri)) if tensorboard else None
+        if self.tensorboard is not None:
+            log.info("TensorBoard event files: %s", self.tensorboard.log_dir)
+
+    def rewind(self, history: list[dict]) -> None:
+        self.metrics.rewind(history)
+        if self.tensorboard is not None:
+            self.tensorboard.rewind(history)
+
+    def append(self, records: list[dict]) -> None:
+        self.metrics.append(records)
+        if self.tensorboard is not None:
+            self.tensorboard.write(records)
+
+    def flush(self) -> None:
+        self.metrics.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.flush()
+
+    def close(self) -> None:
+        self.metrics.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
