@@ -2,14 +2,18 @@
 
     python bench/ray_overhead.py                        # jobs/convnet.yaml, 2 workers, local Ray
     python bench/ray_overhead.py --address HOST:6379    # against a running cluster instead
+    python bench/ray_overhead.py --cluster --burn 1     # a local cluster started once, under load
     python bench/ray_overhead.py --steps 500 --repeats 5 --set data.batch_size=256
 
 Both sides log every step (`metrics.log_every=1`): each record carries the worker's wall
 clock, so consecutive records give per-step times, and the Ray side pays its per-step cost
-(a fire-and-forget actor call per record) on every step. Reported per side, as the median
-over runs: the median steady-state step time (first `--warmup` steps dropped) and the time
-from starting the command to the end of the first training step. Runs alternate between the
-two sides so that load drifting on a shared machine hits both alike.
+(records batched to the run's state actor a few times a second) on every step. Reported per
+side, as the median over runs: the median steady-state step time (first `--warmup` steps
+dropped) and the time from starting the command to the end of the first training step. Runs
+alternate between the two sides so that load drifting on a shared machine hits both alike.
+`--burn N` runs N processes that keep a core busy for the whole benchmark (the same
+background load for both sides); `--cluster` starts one local Ray head first and runs every
+Ray run on it, so the first-step time is that of a machine where a cluster is already up.
 """
 
 from __future__ import annotations
@@ -100,14 +104,37 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20, help="records left out of the median")
     parser.add_argument(
-        "--log-every", type=int, default=1, help="metrics.log_every on both sides (1: time every step)"
+        "--log-every", type=int, default=1, help="metrics.log_every on both sides (1: every step)"
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--address", help="Ray cluster to run on (default: a local one per run)")
+    parser.add_argument("--cluster", action="store_true", help="start a local Ray head once and use it")
+    parser.add_argument("--burn", type=int, default=0, metavar="N", help="N busy processes (load)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", default=str(RESULTS), help="JSON results file ('' to skip)")
     args = parser.parse_args()
 
+    head = burners = None
+    if args.cluster:
+        sys.path.insert(0, str(ROOT))
+        from tests.conftest import start_ray_head, stop_ray_head
+
+        head = start_ray_head(num_cpus=max(4, args.workers))
+        args.address = head.address
+        os.environ.update(head.env)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burn)]
+    try:
+        runs = measure(args)
+    finally:
+        for b in burners:
+            b.kill()
+        if head is not None:
+            stop_ray_head(head)
+    report(args, runs)
+    return 0
+
+
+def measure(args) -> dict[str, list[dict]]:
     runs: dict[str, list[dict]] = {"torchrun": [], "ray": []}
     for i in range(args.repeats):
         for side in ("torchrun", "ray"):
@@ -118,7 +145,10 @@ def main() -> int:
                 f"  first step after {run['first_step_s']:5.1f} s  wall {run['wall_s']:5.1f} s",
                 flush=True,
             )
+    return runs
 
+
+def report(args, runs: dict[str, list[dict]]) -> None:
     summary = {
         side: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for side, rs in runs.items()
     }
@@ -142,8 +172,9 @@ def main() -> int:
         f"time from command start to the end of the first step:"
         f"  torchrun {summary['torchrun']['first_step_s']:.1f} s"
         f"   orchestrator run {summary['ray']['first_step_s']:.1f} s"
-        f" ({'cluster at ' + args.address if args.address else 'starting a local Ray'})"
+        f" ({'cluster already up' if args.address else 'starting a local Ray'})"
     )
+    print(f"background load: {args.burn} busy process(es)" if args.burn else "no background load")
 
     if args.out:
         import ray
@@ -159,6 +190,8 @@ def main() -> int:
             "warmup": args.warmup,
             "overrides": args.overrides,
             "address": args.address,
+            "cluster_already_up": bool(args.address),
+            "background_busy_processes": args.burn,
             "commit": _git_commit(),
             "machine": {
                 "cpus": os.cpu_count(),
@@ -179,7 +212,6 @@ def main() -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
         print(f"written to {args.out}")
-    return 0
 
 
 def _git_commit() -> str:

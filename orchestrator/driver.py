@@ -24,6 +24,7 @@ from orchestrator.monitoring.terminal import Display
 from orchestrator.ray import cluster, launcher
 from orchestrator.ray.run_state import (
     CheckpointSaved,
+    RankRecord,
     Records,
     Rewound,
     RunStarted,
@@ -154,6 +155,7 @@ class Attempt:
         self.unreported: list[dict] = []  # records the service has not seen yet
         self.rewound = False  # the log was rewound since the last report
         self.stop_sent: str | None = None
+        self.ranks: dict[int, dict] = {}  # the newest record of each rank but 0
 
     def run(self) -> dict:
         handle = launcher.start(self.spec, self.run_name, self.placement)
@@ -174,12 +176,16 @@ class Attempt:
             elif isinstance(event, Records):
                 self.log.append(event.records)
                 self.unreported = (self.unreported + event.records)[-REPORT_RECORDS:]
+            elif isinstance(event, RankRecord):
+                self.ranks[event.rank] = event.record
+            elif isinstance(event, WorkersStarted):
+                self.ranks = {}  # a new worker group
             self._show(event)
         if final:
             self.log.flush()
         if self.queued is not None and (final or time.time() - self.last_report > REPORT_S):
             stop = self.queued.report(
-                {**self.progress(), "records": self.unreported, "rewound": self.rewound}
+                {**self.progress(), "records": self.unreported, "rewound": self.rewound, "ranks": self.ranks}
             )
             self.unreported, self.rewound = [], False
             self.last_report = time.time()
@@ -187,7 +193,7 @@ class Attempt:
                 handle.request_stop(stop)
                 self.stop_sent = stop
                 what = "preemption" if stop == "preempt" else "stop"
-                self.display.event(self.name, f"{what} requested: checkpointing at the next logging step")
+                self.display.event(self.name, f"{what} requested: the workers checkpoint and stop")
                 self.display.update(self.name, state="stopping")
 
     def progress(self) -> dict:

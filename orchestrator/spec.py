@@ -48,6 +48,13 @@ class ModelSpec(Section):
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
+class AugmentSpec(Section):
+    """Random image augmentation of the training set (never of the eval set)."""
+
+    shift: int = Field(0, ge=0, le=64, description="move each image by up to N pixels (pad and crop)")
+    horizontal_flip: bool = False
+
+
 class DataSpec(Section):
     source: Literal["synthetic", "digits", "fashion-mnist", "text", "parquet"]
     path: str | None = Field(None, max_length=MAX_PATH)
@@ -66,6 +73,7 @@ class DataSpec(Section):
         default_factory=lambda: {"image": "image", "label": "label", "tokens": "tokens"}
     )
     download: bool = False
+    augment: AugmentSpec | None = None
 
 
 class EarlyStoppingSpec(Section):
@@ -333,6 +341,8 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
         problems.append("checkpoint.async: needs checkpoint.every_steps")
     if spec.train.eval_every is None and spec.train.early_stopping is not None:
         problems.append("train.early_stopping: needs train.eval_every")
+    if spec.data.augment is not None and (spec.data.source == "text" or spec.data.kind == "tokens"):
+        problems.append("data.augment: applies to image data only")
     if spec.data.source == "parquet" and not spec.data.path:
         problems.append("data.path: required for source 'parquet' (a directory, file or URI)")
     if spec.sweep is not None:

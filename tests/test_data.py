@@ -298,3 +298,53 @@ def test_parquet_check(tmp_path):
     s = write_image_parquet(tmp_path / "ds")
     problems = data.check(spec(source="parquet", path=s.path, columns={"image": "img"}))
     assert problems == [("columns", f"column 'img' not in '{s.path}'; it has: pixels, label")]
+
+
+# -- augmentation ---------------------------------------------------------------------------
+
+
+def _batches_of(layout, dataset, augment, start_step, steps):
+    from workers.loader import TrainBatches
+
+    batches = TrainBatches(dataset, layout, seed=3, loader_workers=0, augment=augment).iterate(start_step)
+    return [next(batches) for _ in range(steps)]
+
+
+def test_augmentation_is_the_same_for_any_world_size_and_any_resume_step():
+    from orchestrator.spec import AugmentSpec
+    from workers.loader import Layout
+
+    dataset = data.load(spec(source="digits"), seed=0).train
+    augment = AugmentSpec(shift=2, horizontal_flip=True)
+    one = _batches_of(Layout(32, 1, 0, 1), dataset, augment, 0, 60)  # crosses an epoch boundary
+    two = [_batches_of(Layout(32, 2, r, 1), dataset, augment, 0, 60) for r in (0, 1)]
+    for step in range(60):
+        joined = torch.cat([two[0][step][0][0], two[1][step][0][0]])
+        assert torch.equal(joined, one[step][0][0])
+    resumed = _batches_of(Layout(32, 1, 0, 1), dataset, augment, 37, 23)
+    for a, b in zip(resumed, one[37:]):
+        assert torch.equal(a[0][0], b[0][0])
+    plain = _batches_of(Layout(32, 1, 0, 1), dataset, None, 0, 60)
+    changed = sum(not torch.equal(a[0][0], b[0][0]) for a, b in zip(one, plain))
+    assert changed == 60  # every batch has augmented images...
+    assert all(torch.equal(a[0][1], b[0][1]) for a, b in zip(one, plain))  # ...and the same labels
+
+
+def test_a_shift_moves_the_image_within_bounds_and_a_flip_mirrors_it():
+    from orchestrator.spec import AugmentSpec
+    from workers.data.augment import augment_image
+
+    x = torch.arange(36, dtype=torch.float32).reshape(1, 6, 6)
+    flip = AugmentSpec(horizontal_flip=True)
+    assert torch.equal(augment_image(x, flip, 1 << 32), x.flip(-1))
+    assert torch.equal(augment_image(x, flip, 0), x)
+    shift = AugmentSpec(shift=1)
+    seen = set()
+    for draw in range(9):  # every (dy, dx) in {0, 1, 2}^2
+        y = augment_image(x, shift, draw)
+        assert y.shape == x.shape
+        dy, dx = draw % 3 - 1, (draw // 3) % 3 - 1
+        # the centre 4x4 is the source moved by (dy, dx); borders repeat edge pixels
+        assert torch.equal(y[0, 1:5, 1:5], x[0, 1 + dy : 5 + dy, 1 + dx : 5 + dx])
+        seen.add((dy, dx))
+    assert len(seen) == 9

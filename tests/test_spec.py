@@ -138,6 +138,12 @@ BAD_FIELDS = [
     (setter("resources.num_workers", 2), "parallel.strategy", "'none' trains on one worker"),
     (setter("model", {"family": "gpt", "preset": "gpt_nano"}), "model.family", "needs tokens data"),
     (setter("train.early_stopping", {"patience": 2}), "train.early_stopping", "needs train.eval_every"),
+    (
+        setter("data", {"source": "text", "augment": {"shift": 2}}),
+        "data.augment",
+        "applies to image data only",
+    ),
+    (setter("data.augment", {"shift": 100}), "data.augment.shift", "allowed: 0 to 64"),
     (setter("checkpoint.storage", "  "), "checkpoint.storage", "empty"),
     (
         lambda raw: (

@@ -58,7 +58,8 @@ class RunContext:
 
     def stop_requested(self) -> str | None:
         """A request to checkpoint and stop ("preempt" or "stop"), or None. Called by rank 0
-        at logging steps; must return at once (no remote call on the training thread)."""
+        whenever the ranks sum their logged losses; must return at once (no remote call on
+        the training thread)."""
         return None
 
     def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
@@ -67,6 +68,10 @@ class RunContext:
 
     def log_metrics(self, record: dict) -> None:
         """Per-step metrics (called on rank 0 only); must not block training."""
+
+    def log_rank_metrics(self, record: dict) -> None:
+        """The newest record of a rank other than 0, for per-rank metrics (step time split,
+        memory); may be dropped or thinned; must not block training."""
 
     def restore_metrics(self, history: list[dict]) -> None:
         """After a resume: the log as of the checkpoint replaces whatever came later."""

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from workers.data.augment import Augmented
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,15 @@ class TrainBatches:
     """Iterates micro-batches step after step, across epochs, from any starting step."""
 
     def __init__(
-        self, dataset: Dataset, layout: Layout, seed: int, loader_workers: int, pin_memory: bool = False
+        self,
+        dataset: Dataset,
+        layout: Layout,
+        seed: int,
+        loader_workers: int,
+        pin_memory: bool = False,
+        augment: Any = None,  # an AugmentSpec: image augmentation, drawn per (seed, epoch, sample)
     ):
-        self.dataset, self.layout, self.seed = dataset, layout, seed
+        self.dataset, self.layout, self.seed, self.augment = dataset, layout, seed, augment
         self.loader_workers, self.pin_memory = loader_workers, pin_memory
         self.steps_per_epoch = layout.steps_per_epoch(len(dataset))
         if self.steps_per_epoch < 1:
@@ -88,8 +97,11 @@ class TrainBatches:
         epoch, offset = self.position(start_step)
         while True:
             sampler = StepSampler(len(self.dataset), self.layout, self.seed, epoch, offset)
+            dataset = self.dataset
+            if self.augment is not None:
+                dataset = Augmented(dataset, self.augment, self.seed, epoch)
             loader = DataLoader(
-                self.dataset,
+                dataset,
                 batch_size=self.layout.micro_batch,
                 sampler=sampler,
                 num_workers=self.loader_workers,

@@ -140,6 +140,12 @@ class RayContext(RunContext):
             self._pending = []
         self._sent_at = time.monotonic()
 
+    def log_rank_metrics(self, record: dict) -> None:
+        # only the newest matters (a gauge per rank): one call per SEND_EVERY_S at most
+        if time.monotonic() - self._sent_at >= SEND_EVERY_S:
+            self.state.log_rank.remote(self.attempt, self.rank, record)
+            self._sent_at = time.monotonic()
+
     def restore_metrics(self, history: list[dict]) -> None:
         if self.is_main:
             self.state.restore.remote(self.attempt, history, self.resumed_from)

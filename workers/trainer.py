@@ -31,6 +31,7 @@ from workers.optim import build_optimizer, build_scheduler
 from workers.parallel import no_gradient_sync, parallelize
 from workers.precision import Precision
 from workers.progress import ProgressReporter
+from workers.step_sums import StepSums
 
 log = logging.getLogger("workers")
 
@@ -117,6 +118,7 @@ class Trainer:
             seed,
             spec.data.loader_workers,
             pin_memory=self.device.type == "cuda",
+            augment=spec.data.augment,
         )
         self.total_steps = spec.train.steps or spec.train.epochs * self.batches.steps_per_epoch
         self.optimizer = build_optimizer(self.model, spec.optimizer)
@@ -347,6 +349,7 @@ class Trainer:
         nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
         samples_per_step = spec.data.batch_size * (self.info.seq_len if self.is_lm else 1)
         rate = 0.0
+        self.sums = StepSums(self.device, ctx.world_size, ctx.is_main)
         try:
             batches = self.batches.iterate(state.step)
             while state.step < self.total_steps:
@@ -356,19 +359,14 @@ class Trainer:
                 nonfinite |= ~torch.isfinite(loss)
                 state.step += 1
                 meter.step_done()
+                # a sum started one step ago is finished by now: its records are logged here
+                stop = self._take_sums(progress)
                 logging_now = state.step % spec.metrics.log_every == 0 or state.step == self.total_steps
                 checkpoint_now = bool(spec.checkpoint.every_steps) and (
                     state.step % spec.checkpoint.every_steps == 0
                 )
-                if logging_now or checkpoint_now:
-                    # rank 0 folds a stop request into the all-reduce the step makes anyway: every
-                    # rank learns of it at the same step, for no extra communication
-                    stop_code = STOP_CODES.get(ctx.stop_requested(), 0) if ctx.is_main else 0
-                    loss_sum, bad, stop = _all_reduce_sum(
-                        [loss.item(), float(nonfinite.item()), float(stop_code)], self.device
-                    )
-                    if bad:
-                        raise TrainingError(f"loss is not finite at or before step {state.step}")
+                eval_now = bool(spec.train.eval_every) and state.step % spec.train.eval_every == 0
+                if logging_now:
                     now = time.perf_counter()
                     rate = (
                         (state.step - last_log_step) * spec.data.batch_size / max(now - last_log_time, 1e-9)
@@ -378,26 +376,27 @@ class Trainer:
                         "step": state.step,
                         "epoch": state.step / self.batches.steps_per_epoch,
                         **self._interval_fields(),
-                        "loss": loss_sum / ctx.world_size,
                         "lr": self.scheduler.get_last_lr()[0],
                         "samples_per_s": rate,
                         **meter.log_fields(rate),
                         "time": time.time(),
                     }
-                    if logging_now:
-                        state.history.append(record)
-                        if ctx.is_main:
-                            ctx.log_metrics(record)
-                        progress.update(state.step, record["loss"], rate, record["lr"])
-                    if stop and state.step < self.total_steps:  # at the last step: just finish
-                        status = "preempted" if stop == STOP_CODES["preempt"] else "stopped"
-                        reason = f"{status} at step {state.step}"
-                        break
-                if (
-                    spec.train.eval_every
-                    and state.step % spec.train.eval_every == 0
-                    and state.step < self.total_steps
-                ):
+                    self.sums.add(record, loss)
+                # before a checkpoint, an evaluation or the end, the log and the checkpoint's
+                # history must hold every record so far: sum now and wait for it
+                settle = stop or checkpoint_now or eval_now or state.step == self.total_steps
+                if settle or self.sums.due(state.step):
+                    # rank 0 folds a stop request into a sum made anyway: every rank learns of it
+                    # at the same step, for no extra communication
+                    stop_code = STOP_CODES.get(ctx.stop_requested(), 0) if ctx.is_main else 0
+                    self.sums.start(state.step, nonfinite, stop_code)
+                if settle:
+                    stop = self._take_sums(progress) or stop
+                if stop and state.step < self.total_steps:  # at the last step: just finish
+                    status = "preempted" if stop == STOP_CODES["preempt"] else "stopped"
+                    reason = f"{status} at step {state.step}"
+                    break
+                if eval_now and state.step < self.total_steps:
                     with meter.pause():
                         stop = self.evaluate_and_check(progress)
                     if stop:
@@ -409,6 +408,7 @@ class Trainer:
         except TrainingError as err:
             status, reason = "failed", str(err)
         finally:
+            self.sums.discard()  # after a failure: nothing more to log or wait for
             progress.close()
 
         rates = meter.summary()
@@ -450,6 +450,26 @@ class Trainer:
             "checkpoint_saves": self.checkpoint_saves,
         }
         return summary
+
+    def _take_sums(self, progress: ProgressReporter) -> int:
+        """Finish the sum in flight: log the records it completes, raise on a non-finite loss,
+        and return rank 0's stop code."""
+        finished = self.sums.finish()
+        if finished is None:
+            return 0
+        step, records, nonfinite, stop = finished
+        if nonfinite:
+            raise TrainingError(f"loss is not finite at or before step {step}")
+        for record in records:
+            self.state.history.append(record)
+            if self.ctx.is_main:
+                self.ctx.log_metrics(record)
+        if records and not self.ctx.is_main:
+            self.ctx.log_rank_metrics(records[-1])
+        if records:
+            last = records[-1]
+            progress.update(last["step"], last["loss"], last["samples_per_s"], last["lr"])
+        return stop
 
     def evaluate_and_check(self, progress: ProgressReporter) -> bool:
         """Evaluate; True when early stopping says to stop."""

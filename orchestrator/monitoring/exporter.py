@@ -39,6 +39,7 @@ TRAIN_GAUGES = {
     "tokens_per_s": ("orchestrator_train_tokens_per_second", "Training tokens per second, all workers", 1.0),
     "tflops_per_worker": ("orchestrator_train_flops_per_second", "Achieved model FLOP/s per worker", 1e12),
     "mfu": ("orchestrator_train_mfu_ratio", "Model FLOPs utilisation (none for fp8 runs)", 1.0),
+    "time": ("orchestrator_train_record_time_seconds", "When rank 0 logged its last record (Unix time)", 1.0),
 }
 EVAL_GAUGES = {
     "eval_loss": ("orchestrator_eval_loss", "Evaluation loss"),
@@ -59,7 +60,8 @@ class Snapshot(Protocol):
 
     def exporter_snapshot(self) -> dict[str, Any]:
         """{"jobs": [job view + "latest": record | None, "latest_eval": record | None,
-        "checkpoint_saves": [seconds, ...], "checkpoint_bytes": int | None, "restarts": int],
+        "ranks": [newest record of each rank but 0], "checkpoint_saves": [seconds, ...],
+        "checkpoint_bytes": int | None, "restarts": int],
         "nodes": [{"id", "capacity": {...}}], "busy": {resource: amount}}"""
         ...
 
@@ -112,12 +114,16 @@ class ServiceCollector(Collector):
             for key, family in gauges.items():
                 if _finite(record.get(key)):
                     family.add_metric([job["id"], rank], float(record[key]) * TRAIN_GAUGES[key][2])
-            for key, phase in PHASES.items():
-                if _finite(record.get(key)):
-                    phases.add_metric([job["id"], rank, phase], float(record[key]))
-            for key, kind in MEMORY.items():
-                if _finite(record.get(key)):
-                    memory.add_metric([job["id"], rank, kind], float(record[key]))
+            # the step time split and memory of every rank: rank 0's from its logged record,
+            # the others' from the newest record each sent
+            for ranked in [record, *(job.get("ranks") or [])]:
+                r = str(ranked.get("rank", 0))
+                for key, phase in PHASES.items():
+                    if _finite(ranked.get(key)):
+                        phases.add_metric([job["id"], r, phase], float(ranked[key]))
+                for key, kind in MEMORY.items():
+                    if _finite(ranked.get(key)):
+                        memory.add_metric([job["id"], r, kind], float(ranked[key]))
             for key, family in evals.items():
                 value = (job.get("latest_eval") or {}).get(key)
                 if _finite(value):

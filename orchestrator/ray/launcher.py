@@ -113,7 +113,7 @@ class RunHandle:
         return events
 
     def request_stop(self, reason: str) -> None:
-        """ "preempt" or "stop": the workers checkpoint at their next logging step and end."""
+        """ "preempt" or "stop": the workers checkpoint at the step they next learn of it, and end."""
         self.state.request_stop.remote(reason)
 
     def outcome(self) -> Outcome:

@@ -47,6 +47,14 @@ class Records:
 
 
 @dataclass
+class RankRecord:
+    """The newest record of a rank other than 0 (for per-rank metrics; not logged)."""
+
+    rank: int
+    record: dict
+
+
+@dataclass
 class Rewound:
     """The log now holds exactly `records` (a restart resumed from a checkpoint)."""
 
@@ -60,7 +68,7 @@ class WorkerFailed:
     retry: bool  # False: another attempt would fail the same way
 
 
-Event = WorkersStarted | RunStarted | CheckpointSaved | Records | Rewound | WorkerFailed
+Event = WorkersStarted | RunStarted | CheckpointSaved | Records | RankRecord | Rewound | WorkerFailed
 
 
 @dataclass
@@ -116,6 +124,10 @@ class RunState:
         if self._current(attempt):  # else: from a worker group that has since been replaced
             self.events.append(Records(records))
 
+    def log_rank(self, attempt: int, rank: int, record: dict) -> None:
+        if self._current(attempt):
+            self.events.append(RankRecord(rank, record))
+
     def checkpoint(self, attempt: int, step: int, uri: str) -> None:
         self.events.append(CheckpointSaved(step, uri))
 
@@ -137,7 +149,7 @@ class RunState:
     # -- called by the driver ----------------------------------------------------------------
 
     def request_stop(self, reason: str) -> None:
-        """Ask the workers to checkpoint at their next logging step and stop."""
+        """Ask the workers to checkpoint at the step they next learn of it, and stop."""
         self.stop = self.stop or reason
 
     def events_since(self, cursor: int) -> tuple[list[Any], int]:

@@ -475,6 +475,8 @@ class OrchestratorService:
             if progress.get("rewound"):
                 live.clear()
             live.add(progress.get("records") or [])
+            if progress.get("ranks") is not None:
+                live.ranks = dict(progress["ranks"])
             if progress.get("restarts") is not None:
                 live.restarts = int(progress["restarts"])
             changed = False
@@ -679,10 +681,12 @@ class LiveMetrics:
         self.saves: collections.deque = collections.deque(maxlen=200)
         self.checkpoint_bytes: int | None = None
         self.restarts = 0
+        self.ranks: dict[int, dict] = {}  # the newest record of each rank but 0
 
     def clear(self) -> None:
         self.records.clear()
         self.latest = self.latest_eval = None
+        self.ranks = {}
 
     def add(self, records: list[dict]) -> None:
         seen = self.records[-1].get("step", -1) if self.records else -1
@@ -703,6 +707,7 @@ class LiveMetrics:
         return {
             "latest": self.latest,
             "latest_eval": self.latest_eval,
+            "ranks": [self.ranks[r] for r in sorted(self.ranks)],
             "checkpoint_saves": list(self.saves),
             "checkpoint_bytes": self.checkpoint_bytes,
         }

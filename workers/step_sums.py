@@ -1,0 +1,128 @@
+"""Sums over the ranks that training never waits for: the logged losses, the non-finite flag
+and rank 0's stop request.
+
+Waiting for such a sum at once makes a step wait for the slowest rank and, on a GPU, for the
+device (a `.item()` per step). Started without waiting instead, it is long finished one step
+later: the collectives of the next step come after it on the same process group, so reading it
+then costs nothing. And one sum serves all the steps logged since the one before, so logging
+every step does not add a collective per step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+MAX_INTERVAL = 1000  # steps between sums, whatever the pace
+
+
+class DeferredSum:
+    """One sum in flight at a time: `start` it after a step, `finish` it after the next."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._pending: tuple[torch.Tensor, Any, Any, Any] | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def start(self, values: list[torch.Tensor | float], payload: Any = None) -> None:
+        """Begin summing `values` (0-d tensors on the device, or numbers) over the ranks."""
+        if self._pending is not None:
+            raise RuntimeError("DeferredSum.start while a sum is in flight: finish() it first")
+        tensor = torch.stack([self._scalar(v) for v in values])
+        distributed = dist.is_initialized() and dist.get_world_size() > 1
+        work = dist.all_reduce(tensor, async_op=True) if distributed else None
+        event = None
+        if tensor.is_cuda:
+            if work is not None:
+                work.wait()  # the stream waits for the sum; the host does not
+                work = None
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            tensor = host
+        self._pending = (tensor, work, event, payload)
+
+    def finish(self) -> tuple[list[float], Any] | None:
+        """The summed values and the payload given to `start`; None when nothing is in flight."""
+        if self._pending is None:
+            return None
+        tensor, work, event, payload = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
+        if event is not None:
+            event.synchronize()
+        return tensor.tolist(), payload
+
+    def discard(self) -> None:
+        """Forget the sum in flight (after a failure: the other ranks may never join it)."""
+        self._pending = None
+
+    def _scalar(self, value: torch.Tensor | float) -> torch.Tensor:
+        if torch.is_tensor(value):
+            return value.detach().reshape(()).to(torch.float32)
+        # filled on the device: a host-to-device copy would wait for the stream
+        return torch.full((), float(value), dtype=torch.float32, device=self.device)
+
+
+class StepSums:
+    """Logged records wait here with their rank-local loss until a sum over the ranks completes
+    them. Each sum also carries the non-finite flag, rank 0's stop request, and rank 0's choice
+    of when the next sum is due: about every `every_s` seconds, and every step when steps are
+    slower than that. So logging every step costs one small collective per `every_s`, never one
+    per step, and a stop request reaches all ranks at the same step within about `every_s`.
+    """
+
+    def __init__(self, device: torch.device, world_size: int, is_main: bool, every_s: float = 0.25):
+        self.world_size, self.is_main, self.every_s = world_size, is_main, every_s
+        self.sum = DeferredSum(device)
+        self.waiting: list[tuple[dict, torch.Tensor]] = []
+        self.due_step = 0  # the first sum: at the first step
+        self._last = (0, time.perf_counter())  # rank 0: (step, time) of the last sum started
+
+    def add(self, record: dict, loss: torch.Tensor) -> None:
+        self.waiting.append((record, loss.detach().reshape(()).float()))
+
+    def due(self, step: int) -> bool:
+        return step >= self.due_step
+
+    @property
+    def in_flight(self) -> bool:
+        return self.sum.pending
+
+    def start(self, step: int, nonfinite: torch.Tensor, stop_code: int) -> None:
+        """Begin the sum of the waiting records' losses, the flags, and the next due step."""
+        interval = 0
+        if self.is_main:  # steps per `every_s` at the pace since the last sum
+            last_step, last_time = self._last
+            now = time.perf_counter()
+            step_s = (now - last_time) / max(step - last_step, 1)
+            interval = max(1, min(MAX_INTERVAL, int(self.every_s / max(step_s, 1e-9))))
+            self._last = (step, now)
+        records = [r for r, _ in self.waiting]
+        losses = [loss for _, loss in self.waiting]
+        self.waiting = []
+        self.sum.start([*losses, nonfinite, stop_code, interval], (step, records))
+
+    def finish(self) -> tuple[int, list[dict], bool, int] | None:
+        """(start step, completed records, non-finite seen, stop code) of the sum in flight."""
+        finished = self.sum.finish()
+        if finished is None:
+            return None
+        values, (step, records) = finished
+        *losses, nonfinite, stop_code, interval = values
+        for record, loss in zip(records, losses, strict=True):
+            record["loss"] = loss / self.world_size
+        self.due_step = step + max(1, int(interval))
+        return step, records, bool(nonfinite), int(stop_code)
+
+    def discard(self) -> None:
+        self.sum.discard()
+        self.waiting = []
