@@ -173,7 +173,7 @@ class Service:
     def cli(self, *args, timeout=240):
         return run_cli(*args, env=self.env, timeout=timeout)
 
-    def submit(self, *sets, priority=None, steps=30, name=None) -> str:
+    def submit(self, *sets, priority=None, steps=30, name=None, extra=()):
         args = [
             "submit",
             SERVICE_SPEC,
@@ -192,9 +192,9 @@ class Service:
             args += ["--set", s]
         if priority is not None:
             args += ["--priority", str(priority)]
-        result = self.cli(*args)
+        result = self.cli(*args, *extra)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-        return result.stdout.split()[0]
+        return result.stdout.split()[0] if not extra else result
 
     def job(self, job_id: str) -> dict:
         return json.loads((self.store / "jobs" / f"{job_id}.json").read_text())

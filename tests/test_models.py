@@ -136,6 +136,25 @@ def test_resnet_stem_follows_image_size():
     assert n_params(large) - n_params(small) == 64 * 3 * (49 - 9)
 
 
+def test_vit_conv_stem_makes_the_same_token_grid_from_strided_convolutions():
+    patch = build("vit", "vit_micro", patch_size=7)
+    conv = build("vit", "vit_micro", patch_size=8, stem="conv")
+    x = torch.randn(2, 1, 28, 28)
+    # 28 -> 14 -> 7 -> 4: three stride-2 convolutions (padded), 16 tokens as a 7px patch gives
+    assert conv.pos_embed.shape == (1, 16 + 1, 128) and conv(x).shape == (2, 10)
+    convs = [m for m in conv.patch_embed if isinstance(m, torch.nn.Conv2d)]
+    assert [m.stride for m in convs] == [(2, 2), (2, 2), (2, 2), (1, 1)]
+    assert [m.out_channels for m in convs] == [32, 64, 128, 128]  # doubling up to dim
+    # the trunk is the same; only the embedding differs
+    assert n_params(conv.blocks) == n_params(patch.blocks)
+    assert models.check("vit", "vit_micro", {"stem": "conv", "patch_size": 7}) == [
+        ("overrides.stem", "a conv stem needs a power-of-two patch_size, not 7")
+    ]
+    assert models.check("vit", "vit_micro", {"stem": "conv", "patch_size": 8, "dim": 130, "heads": 2}) == [
+        ("overrides.stem", "a conv stem with patch_size 8 needs dim divisible by 4")
+    ]
+
+
 def test_blocks_are_the_repeated_units():
     assert len(build("gpt", "gpt_nano").blocks) == 3
     assert len(build("vit", "vit_micro").blocks) == 4

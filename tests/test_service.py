@@ -36,9 +36,15 @@ def train_steps(run_dir: Path) -> list[int]:
 
 
 @pytest.mark.timeout(600)
-def test_jobs_that_do_not_fit_together_run_one_after_the_other(service):
+def test_jobs_that_do_not_fit_together_run_one_after_the_other(service, tmp_path):
     first = service.submit(name="gang-a")
-    second = service.submit(name="gang-b")
+    # the second is followed to its end (`--wait`): its history, progress, and a result line
+    summary = tmp_path / "b.json"
+    waited = service.submit(name="gang-b", extra=("--wait", "--summary", str(summary)))
+    second = waited.stdout.split()[0]
+    assert f"[{second}] queued" in waited.stdout and f"[{second}] admitted" in waited.stdout
+    assert f"[{second}] succeeded: 30 steps, " in waited.stdout
+    assert json.loads(summary.read_text())["steps"] == 30
     a, b = service.done(first), service.done(second)
     # all or nothing: b was admitted only once a had finished and released its slots
     assert when(b, "admitted") >= when(a, "succeeded")

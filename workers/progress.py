@@ -13,6 +13,9 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+PLAIN_EVERY_S = 2.0  # plain lines at most this often (and always the last step): logs stay readable
+
+
 class ProgressReporter:
     def __init__(
         self, job: str, total_steps: int, start_step: int, enabled: bool, interactive: bool | None = None
@@ -21,6 +24,7 @@ class ProgressReporter:
         self.interactive = sys.stdout.isatty() if interactive is None else interactive
         self.start_step, self.start_time = start_step, time.perf_counter()
         self._bar = None
+        self._printed_at: float | None = None
         if enabled and self.interactive:
             self._bar = Progress(
                 TextColumn("[bold]{task.description}"),
@@ -46,6 +50,10 @@ class ProgressReporter:
         if self._bar is not None:
             self._bar.update(self._task, completed=step, info=info)
         else:
+            now = time.perf_counter()
+            if self._printed_at is not None and now - self._printed_at < PLAIN_EVERY_S and step < self.total:
+                return
+            self._printed_at = now
             eta = self.eta(step)
             eta_text = format_duration(eta) if eta == eta else "?"
             print(f"[{self.job}] step {step}/{self.total}  {info}  eta {eta_text}", flush=True)

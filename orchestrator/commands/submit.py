@@ -8,6 +8,7 @@ job's outcome.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -26,6 +27,11 @@ def register(sub) -> None:
     add_spec_arguments(parser)
     add_address_argument(parser)
     parser.add_argument("--wait", action="store_true", help="follow the job and exit with its status")
+    parser.add_argument(
+        "--summary",
+        metavar="PATH",
+        help="with --wait, through a service: write the final summary (JSON) here",
+    )
     parser.add_argument(
         "--priority",
         type=int,
@@ -172,38 +178,89 @@ def submit_to_service(args) -> int | None:
                 file=sys.stderr,
             )
             return 0
-        return follow_queued(service, ids)
+        return follow_queued(service, ids, summary_path=args.summary)
 
 
-def follow_queued(service, job_ids: list[str], poll_s: float = 1.0) -> int:
-    """Print each job's history as it happens, and its progress, until all have ended; exit 0 only
-    if all succeeded."""
+def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path: str | None = None) -> int:
+    """Show each job's history as it happens and its progress (a live panel on a terminal,
+    plain lines elsewhere) until all have ended, then each job's result; exit 0 only if all
+    succeeded. `summary_path` receives the final summary (one job) or a list of them."""
+    from orchestrator.monitoring.terminal import Display
     from orchestrator.scheduler import client
 
     seen = {job_id: 0 for job_id in job_ids}
-    last_step: dict[str, int | None] = {}
-    states: dict[str, str] = {}
-    while True:
-        for job_id in job_ids:
-            job = client.call(service.status, job_id)
-            for event in job["history"][seen[job_id] :]:
-                detail = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("time", "event"))
-                print(f"[{job_id}] {event['event']}" + (f" ({detail})" if detail else ""), flush=True)
-            seen[job_id] = len(job["history"])
-            if job["state"] == "running" and job.get("step") != last_step.get(job_id):
-                last_step[job_id] = job.get("step")
-                total = f"/{job['total_steps']}" if job.get("total_steps") else ""
-                eta = job.get("remaining_s")
-                print(
-                    f"[{job_id}] step {job.get('step')}{total}"
-                    + (f", about {eta:.0f} s left" if eta else ""),
-                    flush=True,
+    last_step = {job_id: -1 for job_id in job_ids}
+    views: dict[str, dict] = {}
+    with Display() as display:
+        while True:
+            for job_id in job_ids:
+                job = views[job_id] = client.call(service.status, job_id)
+                for event in job["history"][seen[job_id] :]:
+                    display.event(job_id, describe_event(event))
+                seen[job_id] = len(job["history"])
+                total, waiting = job.get("total_steps"), job["state"] in ("queued", "preempted")
+                display.update(
+                    job_id,
+                    state=job["state"],
+                    total=total,
+                    eta_s=job.get("remaining_s"),
+                    note=job.get("note") if waiting else None,
                 )
-            states[job_id] = job["state"]
-        if all(state in ("succeeded", "failed", "stopped") for state in states.values()):
-            break
-        time.sleep(poll_s)
-    failed = [j for j, state in states.items() if state != "succeeded"]
+                if job["state"] not in ("running", "stopping"):
+                    continue
+                records = client.call(service.metrics_since, job_id, last_step[job_id])
+                train = [r for r in records if "loss" in r]
+                if train:
+                    r = train[-1]
+                    last_step[job_id] = r["step"]
+                    tokens = r.get("tokens_per_s")
+                    rate, unit = (tokens, "tokens/s") if tokens else (r.get("samples_per_s"), "samples/s")
+                    display.progress(
+                        job_id,
+                        f"step {r['step']}{f'/{total}' if total else ''}  loss {r['loss']:.4f}  "
+                        f"{rate or 0:,.0f} {unit}",
+                        step=r["step"],
+                        loss=r["loss"],
+                        rate=rate,
+                        rate_unit=unit,
+                    )
+            if all(view["state"] in ("succeeded", "failed", "stopped") for view in views.values()):
+                break
+            time.sleep(poll_s)
+    for job_id in job_ids:
+        print(result_line(views[job_id]), flush=True)
+    if summary_path:
+        summaries = [dict(views[j].get("summary") or {}, job=j, state=views[j]["state"]) for j in job_ids]
+        Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(summary_path).write_text(
+            json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2)
+        )
+    failed = [j for j in job_ids if views[j]["state"] != "succeeded"]
     for job_id in failed:
-        print(f"error: job {job_id} {states[job_id]}", file=sys.stderr)
+        print(f"error: job {job_id} {views[job_id]['state']}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def describe_event(event: dict) -> str:
+    detail = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("time", "event"))
+    return event["event"] + (f" ({detail})" if detail else "")
+
+
+def result_line(view: dict) -> str:
+    """One line per finished job: its state, steps, eval metrics, throughput and last checkpoint."""
+    summary = view.get("summary") or {}
+    parts = [f"[{view['id']}] {view['state']}"]
+    if summary.get("steps") is not None:
+        parts.append(f"{summary['steps']} steps")
+    for key, value in (summary.get("eval") or {}).items():
+        if isinstance(value, (int, float)):
+            shown = f"{value:.2%}" if key.endswith("accuracy") else f"{value:.4f}"
+            parts.append(f"{key.removeprefix('eval_')} {shown}")
+    if summary.get("samples_per_s"):
+        parts.append(f"{summary['samples_per_s']:,.0f} samples/s")
+    if summary.get("elapsed_s"):
+        parts.append(f"{summary['elapsed_s']:.0f} s training")
+    checkpoint = summary.get("checkpoint") or view.get("last_checkpoint")
+    if checkpoint:
+        parts.append(f"checkpoint {checkpoint}")
+    return ", ".join(parts[:1]) + (": " + ", ".join(parts[1:]) if len(parts) > 1 else "")

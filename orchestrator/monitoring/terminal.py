@@ -53,7 +53,12 @@ def _duration(seconds: float | None) -> str:
 
 
 class Display:
-    """Live panels on a terminal, plain lines elsewhere; use as a context manager."""
+    """Live panels on a terminal, plain lines elsewhere; use as a context manager.
+
+    Plain progress lines come at most every `plain_every_s` per job (and always for the last
+    step), so a job logging every step does not flood a log file."""
+
+    plain_every_s = 2.0
 
     def __init__(self, live: bool | None = None, stream=None):
         self.stream = stream or sys.stdout
@@ -61,6 +66,7 @@ class Display:
         self.console = Console(file=self.stream, highlight=False)
         self.jobs: dict[str, JobLine] = {}
         self._live: Live | None = None
+        self._printed_at: dict[str, float] = {}
 
     def __enter__(self) -> Display:
         if self.live_mode:
@@ -85,7 +91,12 @@ class Display:
     def progress(self, job: str, text: str, **values) -> None:
         """A logged step: a plain line where there is no terminal, the live panel where there is."""
         if self._live is None:
-            print(f"[{job}] {text}", file=self.stream, flush=True)
+            now, last = time.monotonic(), self._printed_at.get(job)
+            step, total = values.get("step"), values.get("total")
+            last_step = bool(total) and step is not None and step >= total
+            if last is None or now - last >= self.plain_every_s or last_step:
+                self._printed_at[job] = now
+                print(f"[{job}] {text}", file=self.stream, flush=True)
         self.update(job, **values)
 
     def update(self, job: str, **values) -> None:

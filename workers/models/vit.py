@@ -1,7 +1,9 @@
 """Vision Transformer (Dosovitskiy et al. 2020), timm's ViT with pre-norm blocks.
 
 Patches are cut with einops and embedded by one Linear, which has the same
-parameters as timm's stride-p Conv2d patch embedding.
+parameters as timm's stride-p Conv2d patch embedding. `stem="conv"` embeds them with a few
+stride-2 3x3 convolutions instead (Xiao et al. 2021, "Early convolutions help transformers
+see better"): the same token grid, much faster training for a few percent more FLOPs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Config:
     in_channels: int = 3
     num_classes: int = 1000
     patch_size: int = 16
+    stem: Literal["patch", "conv"] = "patch"
     dim: int = 768
     depth: int = 12
     heads: int = 12
@@ -45,10 +48,39 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def conv_steps(cfg: Config) -> int:
+    """How many stride-2 convolutions a conv stem has: log2 of the patch size."""
+    return cfg.patch_size.bit_length() - 1
+
+
+def grid_size(cfg: Config) -> int:
+    """Tokens per side: image_size / patch_size (a conv stem pads, so it rounds up)."""
+    if cfg.stem == "patch":
+        return cfg.image_size // cfg.patch_size
+    size = cfg.image_size
+    for _ in range(conv_steps(cfg)):
+        size = (size + 1) // 2
+    return size
+
+
 def validate(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     """Cross-field constraints: (fields involved, message)."""
     problems = []
-    if cfg.image_size % cfg.patch_size:
+    if cfg.stem == "conv":
+        steps = conv_steps(cfg)
+        if cfg.patch_size < 2 or cfg.patch_size != 1 << steps:
+            problems.append(
+                (("stem", "patch_size"), f"a conv stem needs a power-of-two patch_size, not {cfg.patch_size}")
+            )
+        elif cfg.dim % (1 << (steps - 1)):
+            problems.append(
+                (
+                    ("stem", "dim"),
+                    f"a conv stem with patch_size {cfg.patch_size} needs dim divisible by "
+                    f"{cfg.patch_size // 2}",
+                )
+            )
+    elif cfg.image_size % cfg.patch_size:
         problems.append(
             (
                 ("image_size", "patch_size"),
@@ -60,16 +92,36 @@ def validate(cfg: Config) -> list[tuple[tuple[str, ...], str]]:
     return problems
 
 
+def conv_stem(c: Config) -> nn.Sequential:
+    """Xiao et al.'s stem: stride-2 3x3 convolutions with BatchNorm and ReLU (channels doubling
+    up to dim) down to the token grid, then a 1x1 projection; each token is one grid cell."""
+    layers: list[nn.Module] = []
+    channels, steps = c.in_channels, conv_steps(c)
+    for i in range(steps):
+        out = c.dim >> (steps - 1 - i)
+        layers += [
+            nn.Conv2d(channels, out, 3, stride=2, padding=1, bias=False),
+            nn.BatchNorm2d(out),
+            nn.ReLU(),
+        ]
+        channels = out
+    layers += [nn.Conv2d(channels, c.dim, 1), Rearrange("b c h w -> b (h w) c")]
+    return nn.Sequential(*layers)
+
+
 class ViT(nn.Module):
     def __init__(self, config: Config):
         super().__init__()
         self.config = c = config
         p = c.patch_size
-        num_patches = (c.image_size // p) ** 2
-        self.patch_embed = nn.Sequential(
-            Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p, p2=p),
-            nn.Linear(p * p * c.in_channels, c.dim),
-        )
+        num_patches = grid_size(c) ** 2
+        if c.stem == "conv":
+            self.patch_embed = conv_stem(c)
+        else:
+            self.patch_embed = nn.Sequential(
+                Rearrange("b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p, p2=p),
+                nn.Linear(p * p * c.in_channels, c.dim),
+            )
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.dim)) if c.pool == "cls" else None
         num_tokens = num_patches + (c.pool == "cls")
         self.pos_embed = nn.Parameter(torch.zeros(1, num_tokens, c.dim))
