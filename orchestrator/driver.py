@@ -148,6 +148,7 @@ class Attempt:
         self.log = RunLog(storage.join(spec.checkpoint.storage, run), tensorboard=spec.metrics.tensorboard)
         self.last_report = 0.0
         self.last_step: int | None = None
+        self.total_steps = spec.train.steps  # an epoch-based job learns it from its records
         self.last_checkpoint: str | None = None
         self.workers_started = False
         self.restarts = 0
@@ -203,6 +204,7 @@ class Attempt:
             step_time = (t1 - t0) / (s1 - s0) if s1 > s0 else None
         return {
             "step": self.last_step,
+            "total_steps": self.total_steps,
             "step_time_s": step_time,
             "checkpoint": self.last_checkpoint,
             "workers_started": self.workers_started,
@@ -249,7 +251,7 @@ class Attempt:
             self.display.event(self.name, f"eval at step {step}: {evals}")
             return
         self.step_times = (self.step_times + [(r.get("time", time.time()), step)])[-20:]
-        total = self.spec.train.steps
+        total = self.total_steps = r.get("total_steps") or self.total_steps
         rate, unit = (
             (r["tokens_per_s"], "tokens/s")
             if r.get("tokens_per_s")

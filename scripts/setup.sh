@@ -10,12 +10,17 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
-python -m pip install -q "torch==${TORCH_VERSION}"
-if [ "$(uname -s)" = Linux ]; then
-  python -m pip install -q "triton==${TRITON_VERSION}"
+# skip the installs when nothing they depend on changed since the last successful one
+stamp=".venv/.installed-$(cat pyproject.toml "$0" | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  python -m pip install -q --upgrade pip
+  python -m pip install -q "torch==${TORCH_VERSION}"
+  if [ "$(uname -s)" = Linux ]; then
+    python -m pip install -q "triton==${TRITON_VERSION}"
+  fi
+  python -m pip install -q -e ".[dev]"
+  rm -f .venv/.installed-* && touch "$stamp"
 fi
-python -m pip install -q -e ".[dev]"
 
 # Fashion-MNIST (the main job's data) ships as Debian's package dataset-fashion-mnist.
 if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null; then

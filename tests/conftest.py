@@ -79,6 +79,7 @@ def start_ray_head(num_cpus: int = 4, resources: dict | None = None) -> RayHead:
         "RAY_AUTH_TOKEN_PATH": token,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_worker_niceness": "0",  # as the clusters the product starts (orchestrator/ray/cluster.py)
     }
     gcs, dash, client, agent, agent_grpc, runtime_env, metrics = _free_ports(7)
     ray = str(Path(sys.executable).parent / "ray")

@@ -323,3 +323,20 @@ def test_validating_a_sweep_loads_no_data_plane_module(tmp_path):
         [sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_the_readme_shows_the_main_job_as_it_is():
+    """The README's abridged jobs/vit.yaml must not drift from the file (epochs, model, ...)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("# jobs/vit.yaml (abridged)\n", 1)[1].split("```", 1)[0]
+    shown = yaml.safe_load(block)
+    actual = yaml.safe_load((ROOT / "jobs/vit.yaml").read_text())
+
+    def check(part, whole, where):
+        for key, value in part.items():
+            if isinstance(value, dict):
+                check(value, whole[key], f"{where}{key}.")
+            else:
+                assert whole[key] == value, f"README: {where}{key}: {value}, jobs/vit.yaml: {whole[key]}"
+
+    check(shown, actual, "")

@@ -375,6 +375,7 @@ class Trainer:
                     record = {
                         "step": state.step,
                         "epoch": state.step / self.batches.steps_per_epoch,
+                        "total_steps": self.total_steps,
                         **self._interval_fields(),
                         "lr": self.scheduler.get_last_lr()[0],
                         "samples_per_s": rate,

@@ -86,6 +86,8 @@ def parse_quotas(items: list[str]) -> dict[str, dict[str, float]]:
 
 def start_local_head(args) -> dict:
     """`ray start --head` with its dashboard, a temp dir of its own and usage stats off."""
+    from orchestrator.ray import cluster
+
     temp_dir = tempfile.mkdtemp(prefix=f"orch-{secrets.token_hex(2)}-", dir="/tmp")  # short: socket paths
     command = [
         sys.executable,
@@ -104,7 +106,7 @@ def start_local_head(args) -> dict:
         command.append(f"--num-cpus={args.num_cpus}")
     if args.resources:
         command.append(f"--resources={args.resources}")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {cluster.WORKER_NICENESS: "0", **os.environ, "RAY_USAGE_STATS_ENABLED": "0"}  # see cluster.py
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
     if result.returncode != 0:
         lines = [ln for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
@@ -222,6 +224,12 @@ def stop_head(temp_dir: str, timeout: float = 20.0) -> int:
             if proc.pid != os.getpid() and any(temp_dir in part for part in proc.info["cmdline"] or []):
                 mine.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    # agents rename themselves (ray::DashboardAgent): find them as children of what matched
+    for proc in list(mine):
+        try:
+            mine += [child for child in proc.children(recursive=True) if child not in mine]
+        except psutil.NoSuchProcess:
             continue
     for proc in mine:
         try:

@@ -109,6 +109,13 @@ def train_env() -> dict[str, str]:
     return {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")}
 
 
+# Ray runs its workers at nice 15 so that its own daemons stay responsive. Training workers
+# use every core, so on a small machine each wake-up of a daemon (the dashboard agent, the
+# raylet, a driver) stalls one of their threads, and the others wait for it at the next
+# barrier. A local Ray started here runs workers at nice 0, level with Ray's own processes.
+WORKER_NICENESS = "RAY_worker_niceness"
+
+
 @contextlib.contextmanager
 def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
     """Join the cluster at `address`, or start a private local one; yields a description.
@@ -120,6 +127,7 @@ def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault(WORKER_NICENESS, "0")  # for the local Ray this may start, see below
     temp_dir = None
     try:
         if address:
