@@ -59,8 +59,8 @@ for value in (1e6, 2e6, 3e6):
     t0 = ray.get(w.set.remote(value))
     while time.time() - t0 < 60:
         text = urllib.request.urlopen(f"http://127.0.0.1:{{port}}/metrics", timeout=5).read().decode()
-        lines = [l for l in text.splitlines() if l.startswith("ray_freshness_probe")]
-        if any(l.rstrip().endswith(str(value)) for l in lines):
+        lines = [l for l in text.splitlines() if "freshness_probe" in l and not l.startswith("#")]
+        if any(float(l.split()[-1]) == value for l in lines):  # printed as 1e+06 or 1000000.0
             lags.append(time.time() - t0)
             break
         time.sleep(0.1)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, _free_ports, run_cli
 from workers.metrics_log import read_metrics
 
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
@@ -56,8 +56,9 @@ def test_jobs_that_do_not_fit_together_run_one_after_the_other(service, tmp_path
 
 @pytest.mark.timeout(600)
 def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(service):
-    low = service.submit("scheduling.preemptible=true", name="low", steps=60)
-    service.wait(low, lambda j: j["state"] in ("admitted", "running"), what="admission")
+    # long enough (about 20 s of training) to be preempted while it trains, not while it starts
+    low = service.submit("scheduling.preemptible=true", name="low", steps=3000)
+    service.wait(low, lambda j: j["state"] == "running", what="running")
     high = service.submit(name="high", priority=10, steps=10)
     h, lo = service.done(high), service.done(low)
     # the low job stopped at a step, checkpointed it, made way, and resumed from exactly there
@@ -66,9 +67,10 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
     assert preempted["acknowledged"] is True and preempted["steps_lost"] == 0
     assert when(h, "admitted") >= when(lo, "preempted")
     assert when(lo, "admitted", 1) >= when(h, "succeeded")
-    assert lo["step"] == 60 and lo["attempt"] == 2
+    assert lo["step"] == 3000 and lo["attempt"] == 2
+    assert 0 < preempted["step"] < 3000  # it stopped mid-run
     steps = train_steps(service.runs / "low")
-    assert steps == list(range(5, 61, 5))  # each step once, across the preemption
+    assert steps == list(range(5, 3001, 5))  # each step once, across the preemption
     status = service.cli("status", low)
     assert "preempted (step" in status.stdout and "steps lost: 0" in status.stdout
 
@@ -202,3 +204,37 @@ def test_a_job_bigger_than_the_cluster_is_refused_at_submission(service):
     assert result.returncode == 2
     assert "but the whole cluster has room for only 1 such worker(s)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _processes_of(temp_dir: str) -> list:
+    """The processes of the Ray head that uses `temp_dir`, with the children that renamed
+    themselves (ray::DashboardAgent)."""
+    import psutil
+
+    found = [p for p in psutil.process_iter(["cmdline"]) if temp_dir in " ".join(p.info["cmdline"] or [])]
+    return found + [c for p in found for c in p.children(recursive=True)]
+
+
+@pytest.mark.timeout(300)
+def test_up_starts_a_local_head_with_its_dashboard_and_down_stops_all_of_it(tmp_path):
+    port, dashboard = _free_ports(2)
+    env = {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "RAY_ADDRESS": ""}
+    args = ["--port", str(port), "--dashboard-port", str(dashboard), "--metrics-port", "0"]
+    args += ["--num-cpus", "1", "--store", str(tmp_path / "store")]
+    first = run_cli("up", *args, env=env, timeout=180)
+    try:
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "started a local Ray head" in first.stdout
+        assert f"dashboard: http://127.0.0.1:{dashboard}" in first.stdout
+        again = run_cli("up", *args, env=env, timeout=120)  # finds it, and keeps it ours to stop
+        assert again.returncode == 0 and "orchestrator service already running" in again.stdout
+        temp_dir = json.loads((tmp_path / "home" / "cluster.json").read_text())["temp_dir"]
+        head = _processes_of(temp_dir)
+        # Ray's workers (the service actor among them) run level with Ray's own processes
+        workers = [p for p in head if p.name().startswith("ray::") and "Agent" not in p.name()]
+        assert workers and all(p.nice() == 0 for p in workers)
+    finally:
+        down = run_cli("down", env=env, timeout=120)
+    assert down.returncode == 0 and "stopped the local Ray head" in down.stdout, down.stdout + down.stderr
+    assert not [p for p in head if p.is_running() and p.status() != "zombie"]
+    assert not (tmp_path / "home" / "cluster.json").exists()

@@ -215,14 +215,22 @@ def test_bad_input_is_one_line_quickly(tmp_path, name, data, words):
     assert elapsed < 2.0, f"{name} took {elapsed:.2f} s"  # bounded: never the minutes a bomb would take
 
 
-@pytest.mark.parametrize("name,data,words", CASES, ids=IDS)
-def test_validate_exits_2_with_one_line_and_no_traceback(cli, tmp_path, name, data, words):
-    path = write(tmp_path, data)
-    result = cli("validate", str(path))
+def test_validate_exits_2_with_one_line_per_case_and_no_traceback(cli, tmp_path):
+    """Every case through the real command, in one `validate` over all of them (one process
+    instead of one per case): each file gets exactly its own one-line error."""
+    cases = []
+    for i, (_, data, words) in enumerate(CASES):
+        folder = tmp_path / f"case{i:02d}"
+        folder.mkdir()
+        cases.append((write(folder, data), words))
+    result = cli("validate", *(str(path) for path, _ in cases))
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
-    [line] = result.stderr.splitlines()
-    assert line.startswith(f"error: {path}: ") and words in line
+    lines = result.stderr.splitlines()
+    assert len(lines) == len(cases), lines
+    for path, words in cases:
+        mine = [line for line in lines if line.startswith(f"error: {path}: ")]
+        assert len(mine) == 1 and words in mine[0], (path, mine)
 
 
 @pytest.mark.parametrize("command", [["run", "--local"], ["run"], ["submit"]])

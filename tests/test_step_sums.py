@@ -26,11 +26,14 @@ def test_a_deferred_sum_returns_its_values_and_payload_once():
 def test_a_sum_completes_every_record_waiting_with_its_own_loss():
     sums = StepSums(CPU, world_size=1, is_main=True)
     for step, loss in [(1, 0.5), (2, 0.25), (3, 0.125)]:
-        sums.add({"step": step}, torch.tensor(loss))
+        # device values such as the gradient norm stay tensors (no host sync) until the sum
+        sums.add({"step": step, "grad_norm": torch.tensor(2.0 * step)}, torch.tensor(loss))
     sums.start(3, torch.tensor(False), stop_code=0)
     step, records, nonfinite, stop = sums.finish()
     assert (step, nonfinite, stop) == (3, False, 0)
     assert [(r["step"], r["loss"]) for r in records] == [(1, 0.5), (2, 0.25), (3, 0.125)]
+    assert [r["grad_norm"] for r in records] == [2.0, 4.0, 6.0]
+    assert all(type(r["grad_norm"]) is float for r in records)
     assert sums.waiting == []
 
 

@@ -120,6 +120,9 @@ class StepSums:
         *losses, nonfinite, stop_code, interval = values
         for record, loss in zip(records, losses, strict=True):
             record["loss"] = loss / self.world_size
+            for key, value in record.items():  # device values (grad norm): ready once the sum is
+                if torch.is_tensor(value):
+                    record[key] = float(value)
         self.due_step = step + max(1, int(interval))
         return step, records, bool(nonfinite), int(stop_code)
 

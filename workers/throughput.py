@@ -205,8 +205,8 @@ class PhaseTimer:
 
     data: waiting for the next batch (host time: that is what the loop loses to the loader);
     compute: forward and backward; optimizer: unscale, clip, step, zero_grad. On a GPU the last
-    two are CUDA events (no host sync; read at logging steps, right after the loop's own sync),
-    so they are the device's time, not the launch time; on a CPU the host clock is exact."""
+    two are CUDA events, read only once complete (no host sync), so they are the device's time,
+    not the launch time; on a CPU the host clock is exact."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -240,13 +240,21 @@ class PhaseTimer:
         self._steps += 1
 
     def means(self) -> dict[str, float]:
-        """{"data_s", "compute_s", "optimizer_s"}: means per step since the last call (then reset)."""
+        """{"data_s", "compute_s", "optimizer_s"}: means per step since the last call (then
+        reset). Device phases count only the steps whose CUDA events have completed, so reading
+        them never waits for the GPU; the others are counted at a later call."""
+        out = {f"{name}_s": total / max(self._steps, 1) for name, total in self._totals.items()}
+        device_totals: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        pending = []
         for name, start, end in self._events:
-            end.synchronize()
-            self._totals[name] = self._totals.get(name, 0.0) + start.elapsed_time(end) / 1e3
-        steps = max(self._steps, 1)
-        out = {f"{name}_s": total / steps for name, total in self._totals.items()}
-        self._totals, self._events, self._steps = {}, [], 0
+            if end.query():
+                device_totals[name] = device_totals.get(name, 0.0) + start.elapsed_time(end) / 1e3
+                counts[name] = counts.get(name, 0) + 1
+            else:
+                pending.append((name, start, end))
+        out.update({f"{name}_s": total / counts[name] for name, total in device_totals.items()})
+        self._totals, self._events, self._steps = {}, pending, 0
         return out
 
 

@@ -23,7 +23,7 @@ from torch import nn
 
 import kernels
 from orchestrator.spec import JobSpec
-from workers import checkpoint, data, models, storage, throughput
+from workers import checkpoint, data, metrics_ab, models, storage, throughput
 from workers import compile as compile_
 from workers.context import RunContext
 from workers.loader import Layout, TrainBatches, eval_batches
@@ -215,8 +215,8 @@ class Trainer:
         """Per-interval fields of a logged record: the rank, the step time split, the gradient
         norm, device memory, and the newest checkpoint save (once)."""
         fields = {"rank": self.ctx.rank, **self.timer.means(), **throughput.memory_fields(self.device)}
-        if self.grad_norm is not None:
-            fields["grad_norm"] = float(self.grad_norm)
+        if self.grad_norm is not None:  # a tensor until the records' sum completes: no host sync
+            fields["grad_norm"] = self.grad_norm.detach()
         fields.update(self.saved)
         self.saved = {}
         return fields
@@ -350,6 +350,7 @@ class Trainer:
         samples_per_step = spec.data.batch_size * (self.info.seq_len if self.is_lm else 1)
         rate = 0.0
         self.sums = StepSums(self.device, ctx.world_size, ctx.is_main)
+        ab = metrics_ab.from_env()  # only under bench/metrics_overhead.py
         try:
             batches = self.batches.iterate(state.step)
             while state.step < self.total_steps:
@@ -359,9 +360,14 @@ class Trainer:
                 nonfinite |= ~torch.isfinite(loss)
                 state.step += 1
                 meter.step_done()
+                if ab is not None:
+                    ab.step_done(state.step)
                 # a sum started one step ago is finished by now: its records are logged here
                 stop = self._take_sums(progress)
-                logging_now = state.step % spec.metrics.log_every == 0 or state.step == self.total_steps
+                logging_now = state.step % spec.metrics.log_every == 0 and (
+                    ab is None or ab.logging_on(state.step)
+                )
+                logging_now = logging_now or state.step == self.total_steps
                 checkpoint_now = bool(spec.checkpoint.every_steps) and (
                     state.step % spec.checkpoint.every_steps == 0
                 )
@@ -450,6 +456,8 @@ class Trainer:
             "checkpoint_blocked_s": self.checkpoint_blocked_s,
             "checkpoint_saves": self.checkpoint_saves,
         }
+        if ab is not None:
+            summary["metrics_ab"] = ab.summary()
         return summary
 
     def _take_sums(self, progress: ProgressReporter) -> int:

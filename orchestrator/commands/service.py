@@ -128,6 +128,8 @@ def handle_up(args) -> int:
     recorded = cluster.read_state() or {}
     address = args.address or os.environ.get("RAY_ADDRESS") or recorded.get("address")
     state = {"address": address, "started_head": False}
+    if address and address == recorded.get("address"):
+        state = dict(recorded)  # a head an earlier `up` started stays ours to stop on `down`
     if address:
         address = cluster.driver_address(address)
     else:

@@ -106,7 +106,10 @@ def train_env() -> dict[str, str]:
     RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default): every wait in it (the worker group
     starting, each `ray.train.report`) is rounded up to that. 0.5 s took 6 s off a job's start on
     a 2-core machine (docs/ray.md); a value in the environment wins."""
-    return {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")}
+    env = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")}
+    if os.environ.get("ORCHESTRATOR_METRICS_AB_BLOCK"):  # bench/metrics_overhead.py's same-run A/B
+        env["ORCHESTRATOR_METRICS_AB_BLOCK"] = os.environ["ORCHESTRATOR_METRICS_AB_BLOCK"]
+    return env
 
 
 # Ray runs its workers at nice 15 so that its own daemons stay responsive. Training workers
