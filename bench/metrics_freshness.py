@@ -16,7 +16,6 @@ Writes bench/results/metrics_freshness.json.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import re
@@ -121,6 +120,8 @@ def service_exporter(head, tmp: Path) -> dict:
 
 
 def main() -> int:
+    from provenance import provenance  # bench/provenance.py (this script's folder is on sys.path)
+
     from tests.conftest import start_ray_head, stop_ray_head
 
     head = start_ray_head(num_cpus=4)
@@ -134,11 +135,7 @@ def main() -> int:
     finally:
         stop_ray_head(head)
     result = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip(),
-        "cpus": os.cpu_count(),
+        **provenance(),
         "ray_util_metrics": {"gauge_set_us": ray_side["set_us"], "visible_after_s": ray_side["lags_s"]},
         "service_exporter": {
             "record_age_at_scrape_s": {

@@ -20,10 +20,8 @@ alternating pairs of whole runs (every step against none) for comparison. Target
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -65,6 +63,8 @@ def one_run(address: str, env: dict, args, log_every: int) -> dict:
 
 
 def main() -> int:
+    from provenance import provenance  # bench/provenance.py (this script's folder is on sys.path)
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default="jobs/convnet.yaml")
     parser.add_argument("--steps", type=int, default=3000)
@@ -103,11 +103,12 @@ def main() -> int:
     finally:
         stop_ray_head(head)
     ratios = sorted(r["ratio"] for r in runs)
-    ratio = statistics.median(ratios)
-    print(
-        f"\nmetrics every step / off, same-run blocks: {ratio:.3f} (median of {len(runs)} runs;"
-        f" {ratios[0]:.3f}-{ratios[-1]:.3f}); target < 1.02"
-    )
+    ratio = statistics.median(ratios) if runs else None
+    if runs:
+        print(
+            f"\nmetrics every step / off, same-run blocks: {ratio:.3f} (median of {len(runs)} runs;"
+            f" {ratios[0]:.3f}-{ratios[-1]:.3f}); target < 1.02"
+        )
     pair_ratios = sorted(p["ratio"] for p in pairs)
     if pairs:
         print(
@@ -117,19 +118,14 @@ def main() -> int:
     if args.out:
         record = {
             "what": "step time with metrics every step over metrics off (orchestrator run on Ray, 2 workers)",
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "commit": subprocess.run(
-                ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-            ).stdout.strip(),
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+            **provenance(),
             "spec": args.spec,
             "steps": args.steps,
             "block": args.block,
             "overrides": args.overrides,
             "runs": runs,
             "ratio_median": ratio,
-            "ratio_range": [ratios[0], ratios[-1]],
+            "ratio_range": [ratios[0], ratios[-1]] if runs else None,
             "pairs": pairs,
             "pair_ratio_median": statistics.median(pair_ratios) if pairs else None,
             "target": 1.02,

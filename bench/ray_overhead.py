@@ -19,10 +19,8 @@ Ray run on it, so the first-step time is that of a machine where a cluster is al
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -149,6 +147,8 @@ def measure(args) -> dict[str, list[dict]]:
 
 
 def report(args, runs: dict[str, list[dict]]) -> None:
+    from provenance import provenance  # bench/provenance.py (this script's folder is on sys.path)
+
     summary = {
         side: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for side, rs in runs.items()
     }
@@ -177,13 +177,9 @@ def report(args, runs: dict[str, list[dict]]) -> None:
     print(f"background load: {args.burn} busy process(es)" if args.burn else "no background load")
 
     if args.out:
-        import ray
-        import torch
-
         record = {
             "what": "steady-state step time, orchestrator run on Ray vs torchrun",
-            "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            **provenance(),
             "spec": args.spec,
             "workers": args.workers,
             "steps": args.steps,
@@ -192,18 +188,7 @@ def report(args, runs: dict[str, list[dict]]) -> None:
             "address": args.address,
             "cluster_already_up": bool(args.address),
             "background_busy_processes": args.burn,
-            "commit": _git_commit(),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "platform": platform.platform(),
-                "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (no GPU)",
-                "load_avg_after": os.getloadavg(),
-            },
-            "versions": {
-                "torch": torch.__version__,
-                "ray": ray.__version__,
-                "python": platform.python_version(),
-            },
+            "load_avg_after": os.getloadavg(),
             "ratio": ratio,
             "pair_ratios": pairs,
             "summary": summary,
@@ -212,26 +197,6 @@ def report(args, runs: dict[str, list[dict]]) -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
         print(f"written to {args.out}")
-
-
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parents[1],
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).resolve().parents[1],
-        ).stdout.strip()
-        return out + ("+uncommitted changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

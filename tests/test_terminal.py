@@ -1,6 +1,7 @@
 """Progress output where there is no terminal: periodic plain lines, every event, the last step."""
 
 import io
+import json
 
 from orchestrator.monitoring.terminal import Display
 from workers.progress import ProgressReporter
@@ -29,3 +30,35 @@ def test_worker_progress_prints_the_first_and_last_step_when_steps_are_fast(caps
         progress.update(step, loss=0.5, samples_per_s=100.0, lr=1e-3)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[2] for line in lines] == ["1/50", "50/50"]
+
+
+class FinishedJobService:
+    """The two calls `submit --wait` makes, answered as the service does for a finished job."""
+
+    def status(self, job_id):
+        summary = {"steps": 30, "eval": {"eval_accuracy": 0.9}, "samples_per_s": 100.0, "checkpoint": "/c"}
+        history = [{"time": 0.0, "event": "queued", "priority": 0}, {"time": 1.0, "event": "succeeded"}]
+        return {"id": job_id, "state": "succeeded", "history": history, "summary": summary, "total_steps": 30}
+
+    def metrics_since(self, job_id, step):
+        return []
+
+
+def test_submit_wait_ends_with_a_result_line_and_writes_the_summary(monkeypatch, tmp_path, capsys):
+    from orchestrator.commands.submit import follow_queued
+    from orchestrator.scheduler import client
+
+    monkeypatch.setattr(client, "call", lambda method, *args, **kw: method(*args))
+    summary = tmp_path / "out" / "s.json"
+    assert follow_queued(FinishedJobService(), ["job-1"], summary_path=str(summary)) == 0
+    out = capsys.readouterr().out
+    assert "[job-1] queued (priority 0)" in out
+    assert "[job-1] succeeded: 30 steps, accuracy 90.00%, 100 samples/s, checkpoint /c" in out
+    assert json.loads(summary.read_text())["steps"] == 30
+    # a summary that cannot be written: one line, exit 2, the job's result already shown
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert follow_queued(FinishedJobService(), ["job-1"], summary_path=str(blocked / "s.json")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --summary {blocked / 's.json'}: cannot write it")
+    assert len(err.splitlines()) == 1

@@ -231,10 +231,14 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
         print(result_line(views[job_id]), flush=True)
     if summary_path:
         summaries = [dict(views[j].get("summary") or {}, job=j, state=views[j]["state"]) for j in job_ids]
-        Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(summary_path).write_text(
-            json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2)
-        )
+        content = summaries[0] if len(summaries) == 1 else summaries
+        try:
+            Path(summary_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(summary_path).write_text(json.dumps(content, indent=2))
+        except OSError as err:  # the job's own result is safe in the queue and in storage
+            reason = err.strerror or err
+            print(f"error: --summary {summary_path}: cannot write it ({reason})", file=sys.stderr)
+            return 2
     failed = [j for j in job_ids if views[j]["state"] != "succeeded"]
     for job_id in failed:
         print(f"error: job {job_id} {views[job_id]['state']}", file=sys.stderr)
