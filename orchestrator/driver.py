@@ -62,6 +62,8 @@ def run(
         address = cluster.driver_address(address)
         needed_cpus = math.ceil(spec.resources.num_workers * spec.resources.cpus_per_worker)
         with cluster.connect(address, num_cpus=needed_cpus) as where:
+            # after connecting: a local Ray this process starts keeps its own priority
+            cluster.yield_to_training()
             if threading.current_thread() is threading.main_thread():
                 # after ray.init, whose own SIGTERM handler would end the process mid-C++
                 signal.signal(signal.SIGTERM, _raise_stopped)
@@ -152,7 +154,7 @@ class Attempt:
         self.last_checkpoint: str | None = None
         self.workers_started = False
         self.restarts = 0
-        self.step_times: list[tuple[float, int]] = []  # (time, step) of recent records
+        self.step_times: list[tuple[float, int]] = []  # (time, step): newest record of recent polls
         self.unreported: list[dict] = []  # records the service has not seen yet
         self.rewound = False  # the log was rewound since the last report
         self.stop_sent: str | None = None
@@ -236,8 +238,15 @@ class Attempt:
         elif isinstance(event, WorkerFailed):
             say(f"rank {event.rank} failed: {event.reason}")
         elif isinstance(event, Records):
+            # every evaluation gets its line; of the training records, the newest is what shows
+            newest = None
             for r in event.records:
-                self._show_record(r)
+                if "loss" in r:
+                    newest = r
+                else:
+                    self._show_record(r)
+            if newest is not None:
+                self._show_record(newest)
 
     def _show_record(self, r: dict) -> None:
         step = r.get("step")

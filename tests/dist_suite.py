@@ -121,6 +121,11 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(str(run_dir)) if "loss" in r}
 
 
+def grad_norms(run_dir: Path) -> dict[int, float]:
+    """{step: gradient norm before clipping} of a run's metrics log."""
+    return {r["step"]: r["grad_norm"] for r in read_metrics(str(run_dir)) if "grad_norm" in r}
+
+
 @dataclass
 class Run:
     directory: Path
@@ -129,6 +134,10 @@ class Run:
     @property
     def losses(self) -> dict[int, float]:
         return losses(self.directory)
+
+    @property
+    def grad_norms(self) -> dict[int, float]:
+        return grad_norms(self.directory)
 
 
 def _train(job: Path, overrides_: list[str]) -> dict:

@@ -1,11 +1,13 @@
 """Learning-rate schedules and early stopping."""
 
 import pytest
+import torch
+from torch import nn
 
 from orchestrator.spec import SchedulerSpec
 from tests.conftest import ROOT
 from tests.test_training import VIT_DIGITS, local_train
-from workers.optim import lr_factor
+from workers.optim import clip_grad_norm_, lr_factor
 
 
 def factors(spec: SchedulerSpec, total: int) -> list[float]:
@@ -46,3 +48,22 @@ def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp
     )
     assert summary["status"] == "stopped_early" and summary["steps"] == 6
     assert summary["checkpoint"].endswith("checkpoint_00000006")
+
+
+def test_clip_grad_norm_returns_the_norm_before_clipping_and_clips_like_torch():
+    torch.manual_seed(0)
+    model, reference = nn.Linear(8, 4), nn.Linear(8, 4)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(16, 8)
+    for m in (model, reference):
+        (m(x) ** 2).sum().mul(100).backward()
+    norm = clip_grad_norm_(model, 1.0)
+    expected = nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+    assert norm.dim() == 0 and float(norm) > 1.0  # large enough to be clipped
+    assert torch.equal(norm, expected)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+    clipped = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()])
+    )
+    assert abs(float(clipped) - 1.0) < 1e-4

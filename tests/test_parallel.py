@@ -37,6 +37,10 @@ def test_fsdp2_and_ddp_match_one_process_in_fp32(runs):
         losses = runs[name].losses
         assert sorted(losses) == sorted(one), name
         assert max_rel(losses, one, one) <= FP32_TOL, name
+        # the norm clipping computes: under FSDP2 each rank's partial norms are made whole
+        norms = runs[name].grad_norms
+        assert sorted(norms) == sorted(one), name
+        assert max_rel(norms, runs["one"].grad_norms, one) <= FP32_TOL, name
         assert runs[name].summary["world_size"] == 2
     assert one[STEPS] < one[1] - 0.5  # and it learns
 

@@ -21,13 +21,16 @@ def test_a_deferred_sum_returns_its_values_and_payload_once():
     assert sums.pending
     assert sums.finish() == ([1.5, 1.0, 2.0], "p")
     assert not sums.pending and sums.finish() is None
+    # values read back with the sum but not summed follow the sums
+    sums.start(torch.tensor([1.0, 2.0]), payload="q", local=torch.tensor([7.0]))
+    assert sums.finish() == ([1.0, 2.0, 7.0], "q")
 
 
 def test_a_sum_completes_every_record_waiting_with_its_own_loss():
     sums = StepSums(CPU, world_size=1, is_main=True)
     for step, loss in [(1, 0.5), (2, 0.25), (3, 0.125)]:
         # device values such as the gradient norm stay tensors (no host sync) until the sum
-        sums.add({"step": step, "grad_norm": torch.tensor(2.0 * step)}, torch.tensor(loss))
+        sums.add({"step": step}, torch.tensor(loss), {"grad_norm": torch.tensor(2.0 * step)})
     sums.start(3, torch.tensor(False), stop_code=0)
     step, records, nonfinite, stop = sums.finish()
     assert (step, nonfinite, stop) == (3, False, 0)
@@ -72,3 +75,26 @@ def test_losses_are_averaged_over_the_world():
     assert records[0]["loss"] == 0.5
     # only rank 0 proposes the next sum's step; the others follow what the sum says
     assert sums.due_step == 2
+
+
+def test_ranks_that_keep_no_records_still_add_their_losses():
+    # ranks other than 0 add None records: their losses count, no record comes back
+    sums = StepSums(CPU, world_size=2, is_main=False)
+    sums.add(None, torch.tensor(3.0))
+    sums.add(None, torch.tensor(float("nan")))
+    sums.start(2, torch.tensor(True), 0)
+    assert sums.sum.pending
+    _, records, nonfinite, _ = sums.finish()
+    assert records == [] and nonfinite
+    # rank 0's records between other ones: each gets its own loss and device field
+    sums = StepSums(CPU, world_size=1, is_main=True)
+    sums.add({"step": 1}, torch.tensor(1.0), {"grad_norm": torch.tensor(5.0)})
+    sums.add({"step": 2}, torch.tensor(2.0))
+    sums.add({"step": 3}, torch.tensor(3.0), {"grad_norm": torch.tensor(6.0)})
+    sums.start(3, torch.tensor(False), 0)
+    _, records, _, _ = sums.finish()
+    assert records == [
+        {"step": 1, "loss": 1.0, "grad_norm": 5.0},
+        {"step": 2, "loss": 2.0},
+        {"step": 3, "loss": 3.0, "grad_norm": 6.0},
+    ]

@@ -173,3 +173,29 @@ def _python(*args):
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
+
+
+def test_the_phase_timer_gives_means_per_step_and_nothing_when_off():
+    timer = throughput.PhaseTimer(torch.device("cpu"))
+    for _ in range(2):
+        with timer.host("data"):
+            pass
+        with timer.device("compute"):
+            sum(range(10_000))
+        timer.step_done()
+    means = timer.means()
+    assert set(means) == {"data_s", "compute_s"} and means["compute_s"] > means["data_s"] >= 0
+    assert timer.means() == {}  # reset by reading
+    timer.enabled = False  # a rank nobody reads the split of
+    with timer.host("data"), timer.device("compute"):
+        pass
+    timer.step_done()
+    assert timer.means() == {}
+
+
+def test_log_fields_scale_with_samples_per_second():
+    meter = throughput.Meter(torch.device("cpu"), 64, 128, 2, flops_per_sample=10**9)
+    one, two = meter.log_fields(100.0), meter.log_fields(200.0)
+    assert set(one) == {"tokens_per_s", "tflops_per_worker"}  # no MFU on a CPU
+    assert one["tokens_per_s"] == 100.0 * 128 and one["tflops_per_worker"] == 100.0 / 2 * 1e9 / 1e12
+    assert two == {k: 2 * v for k, v in one.items()}

@@ -42,6 +42,8 @@ class RunContext:
     device: torch.device = torch.device("cpu")
     restarts: int = 0
     shows_progress: bool = True  # False where someone else prints it (the Ray driver)
+    # how often a rank other than 0 hands `log_rank_metrics` a record; None: nobody reads them
+    rank_metrics_every_s: float | None = None
 
     @property
     def is_main(self) -> bool:
@@ -70,8 +72,8 @@ class RunContext:
         """Per-step metrics (called on rank 0 only); must not block training."""
 
     def log_rank_metrics(self, record: dict) -> None:
-        """The newest record of a rank other than 0, for per-rank metrics (step time split,
-        memory); may be dropped or thinned; must not block training."""
+        """A record of a rank other than 0 (its step time split and memory), about every
+        `rank_metrics_every_s`; must not block training."""
 
     def restore_metrics(self, history: list[dict]) -> None:
         """After a resume: the log as of the checkpoint replaces whatever came later."""

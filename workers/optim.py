@@ -23,6 +23,20 @@ def build_optimizer(model: nn.Module, spec: OptimizerSpec) -> torch.optim.Optimi
     return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, nesterov=spec.momentum > 0)
 
 
+def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the gradients to `max_norm` and return their norm before clipping, as a local 0-d
+    tensor on every rank. Under FSDP2 each rank's norm is a partial one (a DTensor); one
+    all-reduce makes it whole, here and only here (torchtitan does the same)."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+    return norm
+
+
 def lr_factor(spec: SchedulerSpec, step: int, total_steps: int) -> float:
     """Multiplier of the base learning rate at `step` (0-based)."""
     if spec.name == "onecycle":

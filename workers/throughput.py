@@ -119,6 +119,7 @@ class Meter:
     _steady_from: float | None = None
     _steady_steps: int = 0
     _paused_s: float = 0.0
+    _log_factors: list[tuple[str, float]] | None = None
 
     def step_done(self) -> None:
         if self.first_step_s is None:
@@ -172,10 +173,13 @@ class Meter:
         return out
 
     def log_fields(self, samples_per_s: float) -> dict:
-        """The rates worth a column in the per-step metrics log."""
-        rates = self.rates(samples_per_s)
-        keys = ("tokens_per_s", "tflops_per_worker", "mfu")
-        return {k: rates[k] for k in keys if rates.get(k) is not None}
+        """The rates worth a column in the per-step metrics log. Each is samples/s times a
+        factor, worked out once: at `log_every: 1` this runs every step."""
+        if self._log_factors is None:
+            per_sample = self.rates(1.0)
+            keys = ("tokens_per_s", "tflops_per_worker", "mfu")
+            self._log_factors = [(k, per_sample[k]) for k in keys if per_sample.get(k) is not None]
+        return {key: factor * samples_per_s for key, factor in self._log_factors}
 
     def summary(self) -> dict:
         seconds = self.steady_seconds()
@@ -210,12 +214,16 @@ class PhaseTimer:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.enabled = True  # off: the phases are not timed (where nobody reads them)
         self._totals: dict[str, float] = {}
         self._events: list[tuple[str, Any, Any]] = []
         self._steps = 0
 
     @contextlib.contextmanager
     def host(self, name: str):
+        if not self.enabled:
+            yield
+            return
         start = time.perf_counter()
         try:
             yield
@@ -224,6 +232,9 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def device(self, name: str):
+        if not self.enabled:
+            yield
+            return
         if not self.cuda:
             with self.host(name):
                 yield

@@ -19,7 +19,6 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
-from torch import nn
 
 import kernels
 from orchestrator.spec import JobSpec
@@ -27,7 +26,7 @@ from workers import checkpoint, data, metrics_ab, models, storage, throughput
 from workers import compile as compile_
 from workers.context import RunContext
 from workers.loader import Layout, TrainBatches, eval_batches
-from workers.optim import build_optimizer, build_scheduler
+from workers.optim import build_optimizer, build_scheduler, clip_grad_norm_
 from workers.parallel import no_gradient_sync, parallelize
 from workers.precision import Precision
 from workers.progress import ProgressReporter
@@ -211,15 +210,34 @@ class Trainer:
         if self.ctx.is_main and self.last_checkpoint and self.last_saved_step == self.state.step:
             self.saved["checkpoint_bytes"] = _size(self.last_checkpoint)
 
-    def _interval_fields(self) -> dict:
-        """Per-interval fields of a logged record: the rank, the step time split, the gradient
-        norm, device memory, and the newest checkpoint save (once)."""
-        fields = {"rank": self.ctx.rank, **self.timer.means(), **throughput.memory_fields(self.device)}
-        if self.grad_norm is not None:  # a tensor until the records' sum completes: no host sync
-            fields["grad_norm"] = self.grad_norm.detach()
-        fields.update(self.saved)
-        self.saved = {}
-        return fields
+    def _record(self, step: int, samples_per_s: float) -> dict:
+        """Rank 0's record of a logged step; the loss and gradient norm join it with the sum."""
+        record = {
+            "step": step,
+            "epoch": step / self.batches.steps_per_epoch,
+            "total_steps": self.total_steps,
+            "rank": 0,
+        }
+        record.update(self.timer.means())  # the step time split over the interval
+        record.update(throughput.memory_fields(self.device))
+        if self.saved:  # the newest checkpoint save, once
+            record.update(self.saved)
+            self.saved = {}
+        record["lr"] = self.scheduler.get_last_lr()[0]
+        record["samples_per_s"] = samples_per_s
+        record.update(self.meter.log_fields(samples_per_s))  # tokens/s, TFLOP/s, MFU
+        record["time"] = time.time()
+        return record
+
+    def _rank_record(self, step: int) -> dict:
+        """What the other ranks report of themselves: their step time split and memory."""
+        return {
+            "step": step,
+            "rank": self.ctx.rank,
+            **self.timer.means(),
+            **throughput.memory_fields(self.device),
+            "time": time.time(),
+        }
 
     def _save(self) -> None:
         trainer_state = {
@@ -322,9 +340,7 @@ class Trainer:
             if self.spec.train.clip_grad_norm:
                 scaler.unscale_(self.optimizer)
                 # the norm before clipping, kept as a tensor: read only at logging steps
-                self.grad_norm = nn.utils.clip_grad_norm_(
-                    self.model.parameters(), self.spec.train.clip_grad_norm
-                )
+                self.grad_norm = clip_grad_norm_(self.model, self.spec.train.clip_grad_norm)
             scaler.step(self.optimizer)
             scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
@@ -351,6 +367,8 @@ class Trainer:
         rate = 0.0
         self.sums = StepSums(self.device, ctx.world_size, ctx.is_main)
         ab = metrics_ab.from_env()  # only under bench/metrics_overhead.py
+        rank_every, rank_sent = ctx.rank_metrics_every_s, -math.inf  # ranks but 0: their own record
+        self.timer.enabled = ctx.is_main or rank_every is not None  # else nobody reads it
         try:
             batches = self.batches.iterate(state.step)
             while state.step < self.total_steps:
@@ -378,17 +396,15 @@ class Trainer:
                         (state.step - last_log_step) * spec.data.batch_size / max(now - last_log_time, 1e-9)
                     )
                     last_log_time, last_log_step = now, state.step
-                    record = {
-                        "step": state.step,
-                        "epoch": state.step / self.batches.steps_per_epoch,
-                        "total_steps": self.total_steps,
-                        **self._interval_fields(),
-                        "lr": self.scheduler.get_last_lr()[0],
-                        "samples_per_s": rate,
-                        **meter.log_fields(rate),
-                        "time": time.time(),
-                    }
-                    self.sums.add(record, loss)
+                    if ctx.is_main:
+                        # the gradient norm stays a tensor until the sum completes: no host sync
+                        on_device = None if self.grad_norm is None else {"grad_norm": self.grad_norm}
+                        self.sums.add(self._record(state.step, rate), loss, on_device)
+                    else:  # only rank 0's records are kept; the others add their loss to the sum
+                        self.sums.add(None, loss)
+                        if rank_every is not None and now - rank_sent >= rank_every:
+                            ctx.log_rank_metrics(self._rank_record(state.step))
+                            rank_sent = now
                 # before a checkpoint, an evaluation or the end, the log and the checkpoint's
                 # history must hold every record so far: sum now and wait for it
                 settle = stop or checkpoint_now or eval_now or state.step == self.total_steps
@@ -469,12 +485,9 @@ class Trainer:
         step, records, nonfinite, stop = finished
         if nonfinite:
             raise TrainingError(f"loss is not finite at or before step {step}")
-        for record in records:
+        for record in records:  # rank 0's: the other ranks keep none (only rank 0 checkpoints them)
             self.state.history.append(record)
-            if self.ctx.is_main:
-                self.ctx.log_metrics(record)
-        if records and not self.ctx.is_main:
-            self.ctx.log_rank_metrics(records[-1])
+            self.ctx.log_metrics(record)
         if records:
             last = records[-1]
             progress.update(last["step"], last["loss"], last["samples_per_s"], last["lr"])

@@ -118,6 +118,19 @@ def train_env() -> dict[str, str]:
 # barrier. A local Ray started here runs workers at nice 0, level with Ray's own processes.
 WORKER_NICENESS = "RAY_worker_niceness"
 
+# What watches a run (its driver and state actor: records, the metrics log, progress) is
+# bookkeeping; where the workers keep every core busy, it should take its CPU from their
+# gaps rather than from their steps. bench/metrics_overhead.py measures the difference.
+BOOKKEEPING_NICENESS = 10
+
+
+def yield_to_training() -> None:
+    """Lower the calling thread, and the threads it starts from now on, to nice
+    BOOKKEEPING_NICENESS (on Linux a thread's nice value is its own; never raises)."""
+    with contextlib.suppress(AttributeError, OSError):  # no setpriority (Windows), not allowed
+        current = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, 0, max(current, BOOKKEEPING_NICENESS))
+
 
 @contextlib.contextmanager
 def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:

@@ -80,12 +80,35 @@ class Outcome:
     workers_started: bool
 
 
+class EventLog:
+    """The events the driver has yet to read. The driver asks for the events from a cursor on,
+    which says it holds every event before it: those are dropped, or a long run logging every
+    step would pile up all its records here."""
+
+    def __init__(self):
+        self.events: list[Any] = []
+        self.dropped = 0  # events before self.events[0]
+
+    def append(self, event: Any) -> None:
+        self.events.append(event)
+
+    def since(self, cursor: int) -> tuple[list[Any], int]:
+        """The events from `cursor` on, and the cursor after them."""
+        if cursor > self.dropped:
+            del self.events[: cursor - self.dropped]
+            self.dropped = cursor
+        return self.events[cursor - self.dropped :], self.dropped + len(self.events)
+
+
 @ray.remote(num_cpus=0)
 class RunState:
     def __init__(self):
+        from orchestrator.ray.cluster import yield_to_training
+
+        yield_to_training()  # this actor's calls run on this thread
         self.groups: list[str] = []  # placement group id of each attempt, in order
         self.workers: dict[int, dict[int, dict]] = {}  # attempt -> rank -> worker
-        self.events: list[Any] = []  # what the driver reads, in order
+        self.events = EventLog()  # what the driver reads, in order
         self.summary: dict | None = None
         self.error: dict | None = None
         self.resumed_from: int | None = None
@@ -153,7 +176,7 @@ class RunState:
         self.stop = self.stop or reason
 
     def events_since(self, cursor: int) -> tuple[list[Any], int]:
-        return self.events[cursor:], len(self.events)
+        return self.events.since(cursor)
 
     def outcome(self) -> Outcome:
         return Outcome(self.summary, self.error, len(self.groups), self.resumed_from, bool(self.workers))
