@@ -26,7 +26,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from provenance import git_commit  # noqa: E402  (bench/provenance.py: this script's folder is on sys.path)
 
 from orchestrator.scheduler import Allocation, FifoPolicy, JobRequest, Node, Policy  # noqa: E402
 
@@ -416,19 +417,6 @@ def compare(policy: dict, fifo: dict) -> dict:
             for name in policy["wait_h"]
         },
     }
-
-
-def git_commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], capture_output=True, text=True, cwd=ROOT
-        ).stdout
-        return head + ("+uncommitted changes" if dirty.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def render_markdown(record: dict) -> str:

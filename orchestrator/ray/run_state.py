@@ -20,6 +20,8 @@ from typing import Any
 
 import ray
 
+from orchestrator.ray.cluster import yield_to_training
+
 
 @dataclass
 class WorkersStarted:
@@ -103,8 +105,6 @@ class EventLog:
 @ray.remote(num_cpus=0)
 class RunState:
     def __init__(self):
-        from orchestrator.ray.cluster import yield_to_training
-
         yield_to_training()  # this actor's calls run on this thread
         self.groups: list[str] = []  # placement group id of each attempt, in order
         self.workers: dict[int, dict[int, dict]] = {}  # attempt -> rank -> worker
