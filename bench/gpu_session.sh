@@ -56,7 +56,7 @@ for item in "$@"; do
 import torch, triton, sys
 print(sys.version); print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"triton\", triton.__version__)
 print(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0))
-import kernels, workers.trainer, orchestrator.spec, torchao, pydantic
+import kernels, workers.trainer, core.spec, torchao, pydantic
 print(\"torchao\", torchao.__version__, \"pydantic\", pydantic.__version__)"; git log -1 --format="%H %cd" 2>/dev/null || true' ;;
     tests) stage tests "$limit" env KERNELS_AUTOTUNE=0 python3 -m pytest -m gpu -q -p no:cacheprovider \
              -n 6 tests/gpu/test_kernels_cuda.py ${TESTS_ARGS:-} ;;

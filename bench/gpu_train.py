@@ -33,7 +33,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 # the repository first: this script's own directory holds bench/kernels.py, which would
 # otherwise shadow the `kernels` package
 sys.path.insert(0, str(REPO))
+
+from bench.provenance import git_commit  # noqa: E402  (after the path fix above)
 
 NO_GPU_MESSAGE = "no CUDA device: GPU training benchmarks need a GPU"
 ALL_TRITON = {"attention": "triton", "layer_norm": "triton", "cross_entropy": "triton", "bias_gelu": "triton"}
@@ -84,22 +85,8 @@ TINY = {
 }
 
 
-def git_commit() -> str:
-    """BENCH_COMMIT when set (a copy of the tree on another machine may carry stale git
-    metadata; bench/gpu_session.sh sets it), else the checkout's HEAD."""
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        )
-        return out.stdout.strip() if out.returncode == 0 else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def make_spec(model: dict, data: dict, batch: int, mode: str, storage: str, loader_workers: int = 0):
-    from orchestrator.spec import validate
+    from core.spec import validate
 
     dtype, compile_, kernels = MODES[mode]
     return validate(

@@ -17,7 +17,6 @@ import datetime as dt
 import json
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 # `import kernels` finds the package, not this script
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO))
+
+from bench.provenance import git_commit  # noqa: E402  (after the path fix above)
 
 NO_GPU_MESSAGE = "no CUDA device; kernel benchmarks need a GPU"
 OPS = ("layer_norm", "attention", "cross_entropy", "fused_linear_cross_entropy", "bias_gelu")
@@ -122,22 +123,6 @@ def gpu_slug(name: str) -> str:
 def result_paths(out_dir: Path, gpu_name: str, date: str):
     stem = f"kernels-{gpu_slug(gpu_name)}-{date}"
     return out_dir / f"{stem}.json", out_dir / f"{stem}.md"
-
-
-def git_commit() -> str:
-    """BENCH_COMMIT when set (a copy of the tree on another machine may carry stale git
-    metadata; bench/gpu_session.sh sets it), else the checkout's HEAD."""
-    import os
-
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "uncommitted"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "uncommitted"
 
 
 def speedups(row: dict, timing: str = "ms") -> dict:

@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def git_commit() -> str:
-    """HEAD, with "+uncommitted changes" when the working tree differs from it."""
+    """HEAD, with "+uncommitted changes" when the working tree differs from it; BENCH_COMMIT
+    when set (a copy of the tree on another machine may carry stale git metadata;
+    bench/gpu_session.sh sets it)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True

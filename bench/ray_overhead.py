@@ -35,10 +35,11 @@ RESULTS = ROOT / "bench" / "results" / "ray_overhead.json"
 
 def step_times(run_dir: Path) -> tuple[list[float], float]:
     """(per-step time between consecutive records, in order; wall time of the first record)."""
-    from workers.metrics_log import read_metrics
+    from core.metrics_log import read_metrics
+    from core.records import is_train
 
     records = read_metrics(str(run_dir))
-    train = sorted((r["step"], r["time"]) for r in records if "loss" in r)
+    train = sorted((r["step"], r["time"]) for r in records if is_train(r))
     return [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(train, train[1:])], train[0][1]
 
 

@@ -12,14 +12,13 @@ import importlib
 import logging
 import sys
 
+from core.spec import SpecError
 from orchestrator import __version__
-from orchestrator.spec import SpecError
+from orchestrator.errors import UsageError
+
+__all__ = ["UsageError", "add_spec_arguments", "build_parser", "main"]
 
 COMMANDS = ["validate", "run", "models", "submit", "jobs", "queue", "service", "metrics", "export"]
-
-
-class UsageError(Exception):
-    """Bad command-line input: printed as one line, exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

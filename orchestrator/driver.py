@@ -19,7 +19,11 @@ import sys
 import threading
 import time
 
-from orchestrator.checks import data_problems
+from core import records, storage
+from core.jobs import TERMINAL_VALUES
+from core.run_folder import run_name
+from core.spec import JobSpec
+from core.summary import print_summary, write_summary
 from orchestrator.monitoring.terminal import Display
 from orchestrator.ray import cluster, launcher
 from orchestrator.ray.run_state import (
@@ -32,11 +36,6 @@ from orchestrator.ray.run_state import (
     WorkersStarted,
 )
 from orchestrator.scheduler import client as service_client
-from orchestrator.spec import JobSpec
-from workers import storage
-from workers.context import run_name
-from workers.run import print_summary, write_summary
-from workers.run_log import RunLog
 
 POLL_S = 1.0  # progress lines once a second; each poll is an actor call
 REPORT_S = 2.0  # progress to the service
@@ -116,6 +115,8 @@ def _preflight(spec: JobSpec, run_uri: str) -> None:
             raise OSError(f"checkpoint.resume: cannot read '{resume}': {err}") from None
         if not found:
             raise OSError(f"checkpoint.resume: no checkpoint at '{resume}'")
+    from workers.checks import data_problems  # the data plane's registries
+
     problems = data_problems(spec)
     if problems:
         raise OSError(problems[0])
@@ -146,6 +147,8 @@ class Attempt:
         queued: QueuedJob | None = None,
     ):
         self.spec, self.run_name, self.placement, self.queued = spec, run, placement, queued
+        from workers.run_log import RunLog  # the metrics log in storage (and TensorBoard's files)
+
         self.display, self.name = display, spec.name
         self.log = RunLog(storage.join(spec.checkpoint.storage, run), tensorboard=spec.metrics.tensorboard)
         self.last_report = 0.0
@@ -241,7 +244,7 @@ class Attempt:
             # every evaluation gets its line; of the training records, the newest is what shows
             newest = None
             for r in event.records:
-                if "loss" in r:
+                if records.is_train(r):
                     newest = r
                 else:
                     self._show_record(r)
@@ -251,13 +254,8 @@ class Attempt:
     def _show_record(self, r: dict) -> None:
         step = r.get("step")
         self.last_step = step
-        if "loss" not in r:
-            evals = "  ".join(
-                f"{k.removeprefix('eval_')} {v:.4f}"
-                for k, v in r.items()
-                if k.startswith("eval_") and isinstance(v, (int, float))
-            )
-            self.display.event(self.name, f"eval at step {step}: {evals}")
+        if not records.is_train(r):
+            self.display.event(self.name, f"eval at step {step}: {records.format_eval(r)}")
             return
         self.step_times = (self.step_times + [(r.get("time", time.time()), step)])[-20:]
         total = self.total_steps = r.get("total_steps") or self.total_steps
@@ -297,7 +295,7 @@ class QueuedJob:
         else:
             view = service_client.call(
                 service.register,
-                service_client.spec_json(spec),
+                spec,
                 {"submission_id": submission},
                 service_client.package_if_in_ray_job(),
             )
@@ -354,7 +352,7 @@ class QueuedJob:
             state = service_client.call(self.service.admission, self.job_id)
             if state["state"] == "admitted":
                 return state
-            if state["state"] in ("stopped", "failed", "succeeded"):
+            if state["state"] in TERMINAL_VALUES:
                 return None
             line = state.get("note") or (
                 f"queued behind {state['ahead']} job(s)" if state["ahead"] else "queued"

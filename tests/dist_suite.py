@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.metrics_log import read_metrics
+from core.metrics_log import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 VIT_JOB, GPT_JOB = ROOT / "jobs/convnet.yaml", ROOT / "jobs/gpt.yaml"
@@ -141,7 +141,7 @@ class Run:
 
 
 def _train(job: Path, overrides_: list[str]) -> dict:
-    from orchestrator.spec import load_spec
+    from core.spec import load_spec
     from workers.context import LocalContext
     from workers.trainer import train
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from orchestrator.spec import load_spec
+from core.spec import load_spec
 from tests.dist_suite import VIT, VIT_JOB, losses, suite
 from workers.checkpoint import CheckpointError, incomplete_reason, newest_complete
 from workers.context import LocalContext

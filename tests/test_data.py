@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from orchestrator.spec import DataSpec
+from core.spec import DataSpec
 from workers import data
 from workers.data import fashion_mnist
 
@@ -311,7 +311,7 @@ def _batches_of(layout, dataset, augment, start_step, steps):
 
 
 def test_augmentation_is_the_same_for_any_world_size_and_any_resume_step():
-    from orchestrator.spec import AugmentSpec
+    from core.spec import AugmentSpec
     from workers.loader import Layout
 
     dataset = data.load(spec(source="digits"), seed=0).train
@@ -331,7 +331,7 @@ def test_augmentation_is_the_same_for_any_world_size_and_any_resume_step():
 
 
 def test_a_shift_moves_the_image_within_bounds_and_a_flip_mirrors_it():
-    from orchestrator.spec import AugmentSpec
+    from core.spec import AugmentSpec
     from workers.data.augment import augment_image
 
     x = torch.arange(36, dtype=torch.float32).reshape(1, 6, 6)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.spec import load_spec
+from core.spec import load_spec
 from tests.conftest import ROOT
 
 DEPLOY = ROOT / "deploy"

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from orchestrator.spec import load_spec
+from core.spec import load_spec
 from tests.conftest import run_cli
 from tests.dist_suite import GPT, GPT_JOB, VIT, VIT_JOB, suite
 from workers import data, models

@@ -2,10 +2,10 @@
 
 import pytest
 
-from orchestrator.spec import load_spec
+from core.metrics_log import read_metrics
+from core.spec import load_spec
 from tests.conftest import ROOT
 from workers.context import LocalContext
-from workers.metrics_log import read_metrics
 from workers.trainer import train
 
 ALL_TRITON = [

@@ -1,4 +1,4 @@
-"""The durable metrics log (workers/metrics_log.py) on real local filesystems, its readers in
+"""The durable metrics log (core/metrics_log.py) on real local filesystems, its readers in
 other processes, `orchestrator metrics` / `orchestrator plot`, and TensorBoard event files."""
 
 import argparse
@@ -15,9 +15,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from orchestrator.commands import metrics as metrics_command
-from tests.conftest import ROOT
-from workers.metrics_log import (
+from core.metrics_log import (
     MERGE_FANOUT,
     TEMP_PREFIX,
     MetricsWriter,
@@ -27,6 +25,8 @@ from workers.metrics_log import (
     records_table,
     visible_parts,
 )
+from orchestrator.commands import metrics as metrics_command
+from tests.conftest import ROOT
 from workers.tensorboard import TensorBoardWriter
 
 
@@ -286,7 +286,7 @@ def test_runs_logged_as_jsonl_still_read(tmp_path):
 WRITER_SCRIPT = textwrap.dedent(
     """
     import json, sys, time
-    from workers.metrics_log import MetricsWriter
+    from core.metrics_log import MetricsWriter
 
     run, out = sys.argv[1], sys.argv[2]
     expected = []

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kernels
-from orchestrator.spec import ModelSpec
+from core.spec import ModelSpec
 from workers import models
 from workers.data import DataInfo
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from orchestrator.spec import SchedulerSpec
+from core.spec import SchedulerSpec
 from tests.conftest import ROOT
 from tests.test_training import VIT_DIGITS, local_train
 from workers.optim import clip_grad_norm_, lr_factor

@@ -79,7 +79,7 @@ def test_parallelize_applies_fsdp2_per_block_and_at_the_root_in_one_process():
     """`run --local` of an fsdp2 job: a one-process group, the same per-block sharding."""
     from torch.distributed.fsdp import FSDPModule
 
-    from orchestrator.spec import validate
+    from core.spec import validate
     from workers import models
 
     spec = validate(

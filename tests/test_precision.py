@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from orchestrator.checks import job_problems
-from orchestrator.spec import PrecisionSpec, load_spec, validate
+from core.spec import PrecisionSpec, load_spec, validate
 from tests.dist_suite import GPT, GPT_JOB, VIT, VIT_JOB, losses
 from workers import float8, precision
+from workers.checks import job_problems
 from workers.context import LocalContext
 from workers.trainer import Trainer
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from core.metrics_log import read_metrics
 from tests.conftest import ROOT, run_cli
 from workers.checkpoint import incomplete_reason
-from workers.metrics_log import read_metrics
 
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits: loads instantly
 

@@ -10,15 +10,17 @@ durable job table (the JSON files in its store) to see what it decided and when.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from core.metrics_log import read_metrics
 from tests.conftest import ROOT, _free_ports, run_cli
-from workers.metrics_log import read_metrics
 
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
 
@@ -238,3 +240,20 @@ def test_up_starts_a_local_head_with_its_dashboard_and_down_stops_all_of_it(tmp_
     assert down.returncode == 0 and "stopped the local Ray head" in down.stdout, down.stdout + down.stderr
     assert not [p for p in head if p.is_running() and p.status() != "zombie"]
     assert not (tmp_path / "home" / "cluster.json").exists()
+
+
+def test_the_service_process_never_loads_the_data_plane(service):
+    """After jobs ran through it (the first tests of this module), the service actor's process has
+    loaded neither torch nor the workers or kernels packages: it schedules, it does not train."""
+    if not any(service.store.glob("jobs/*.json")):
+        service.done(service.submit(name="control-plane"))
+    # the service actor may have been restarted by a test above, on another port: `up` finds it
+    up = service.cli(
+        "up", "--address", service.head.address, "--store", str(service.store), "--metrics-port", "0"
+    )
+    assert up.returncode == 0 and "already running" in up.stdout, up.stdout + up.stderr
+    page = re.search(r"status:\s+(\S+)", up.stdout).group(1)
+    info = json.loads(urllib.request.urlopen(f"{page.rstrip('/')}/api/info", timeout=10).read())
+    process = info["process"]
+    assert process["data_plane_modules"] == []
+    assert 0 < process["rss_bytes"] < 2**30

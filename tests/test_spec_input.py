@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from orchestrator.checks import job_problems
-from orchestrator.spec import MAX_SPEC_BYTES, SpecError, load_spec
+from core.spec import MAX_SPEC_BYTES, SpecError, load_spec
+from workers.checks import job_problems
 
 VALID = (
     "name: t\n"  # line 1

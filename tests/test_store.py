@@ -4,14 +4,24 @@ import json
 
 import pytest
 
+from core.spec import validate
 from orchestrator.scheduler.store import LEASE_TTL_S, JobRecord, JobState, LeaseHeld, Store, project_files
+
+SPEC = validate(
+    {
+        "name": "job",
+        "model": {"family": "convnet", "preset": "tiny"},
+        "data": {"source": "synthetic"},
+        "train": {"steps": 1},
+    }
+)
 
 
 def record(job_id="job-1", **changes) -> JobRecord:
     values = dict(
         id=job_id,
         name="job",
-        spec={"name": "job"},
+        spec=SPEC,
         priority=0,
         queue="default",
         preemptible=False,

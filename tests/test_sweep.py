@@ -7,9 +7,8 @@ import math
 import pytest
 import yaml
 
-from orchestrator import sweep
-from orchestrator.checks import job_problems
-from orchestrator.spec import SpecError, load_spec, validate
+from core.spec import SpecError, load_spec, sweep, validate
+from workers.checks import job_problems
 
 BASE = {
     "name": "sw",

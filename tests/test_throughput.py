@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from core.metrics_log import read_metrics
 from tests.conftest import ROOT
 from workers import throughput
 from workers.data import DataInfo
-from workers.metrics_log import read_metrics
 
 
 def tokens_info(seq_len, vocab):
@@ -103,7 +103,7 @@ def test_rates_per_worker_and_in_total(monkeypatch):
 
 
 def test_the_trainer_reports_steady_state_throughput(tmp_path):
-    from orchestrator.spec import load_spec
+    from core.spec import load_spec
     from tests.dist_suite import GPT, GPT_JOB
     from workers.context import LocalContext
     from workers.trainer import train

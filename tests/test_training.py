@@ -5,10 +5,10 @@ import shutil
 
 import pytest
 
-from orchestrator.spec import load_spec
+from core.metrics_log import read_metrics
+from core.spec import load_spec
 from tests.conftest import ROOT, run_cli
 from workers.context import LocalContext
-from workers.metrics_log import read_metrics
 from workers.trainer import train
 
 

@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from orchestrator.spec import ParallelSpec
+from core.spec import ParallelSpec
 
 _aten = torch.ops.aten
 # compute-bound ops whose outputs are worth keeping (recomputing them costs real FLOPs)

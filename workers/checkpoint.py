@@ -28,7 +28,6 @@ import logging
 import pickle
 import posixpath
 import random
-import re
 import shutil
 import warnings
 from concurrent.futures import Future
@@ -44,24 +43,14 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from workers import storage
+from core import storage
+from core.run_folder import checkpoint_step
 
 log = logging.getLogger("workers.checkpoint")
 
 TRAINER_FILE = "trainer.pt"
 METRICS_FILE = "metrics.jsonl"
 METADATA_FILE = ".metadata"
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d{8})$")
-
-
-def checkpoint_name(step: int) -> str:
-    """The directory name of the checkpoint at `step` (sorts by step)."""
-    return f"checkpoint_{step:08d}"
-
-
-def checkpoint_step(name: str) -> int | None:
-    match = CHECKPOINT_PATTERN.match(posixpath.basename(name.rstrip("/").partition("?")[0]))
-    return int(match.group(1)) if match else None
 
 
 class _MetadataUnpickler(pickle.Unpickler):

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import kernels
-from orchestrator.spec import JobSpec
+from core.spec import JobSpec
 
 TRANSFORMER_FAMILIES = {"vit", "gpt"}
 

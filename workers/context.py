@@ -11,26 +11,19 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from orchestrator.spec import JobSpec
-from workers import storage
-from workers.checkpoint import checkpoint_name, checkpoint_step, incomplete_reason, newest_complete
+from core import storage
+from core.run_folder import checkpoint_name, checkpoint_step, run_name
+from core.spec import JobSpec
+from workers.checkpoint import incomplete_reason, newest_complete
 from workers.run_log import RunLog
 
 log = logging.getLogger("workers")
-
-
-def run_name(spec: JobSpec) -> str:
-    """`resume: never` starts fresh under a new run name, so no earlier checkpoint is touched."""
-    if spec.checkpoint.resume == "never":
-        return f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return spec.name
 
 
 class RunContext:

@@ -59,3 +59,14 @@ class MetricsAB:
             "off_median_s": statistics.median(off) if off else None,
             "steps": {k: len(v) for k, v in self.step_s.items()},
         }
+
+
+def attach_from_env(trainer) -> MetricsAB | None:
+    """With the variable set: file each step of `trainer`'s loop under its block's side, log
+    only in "on" blocks, and report both sides in the summary's `metrics_ab`."""
+    ab = from_env()
+    if ab is not None:
+        trainer.step_hooks.append(ab.step_done)
+        trainer.metrics.logging_gates.append(ab.logging_on)
+        trainer.summary_extras["metrics_ab"] = ab.summary
+    return ab

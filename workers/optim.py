@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from orchestrator.spec import OptimizerSpec, SchedulerSpec
+from core.spec import OptimizerSpec, SchedulerSpec
 
 
 def build_optimizer(model: nn.Module, spec: OptimizerSpec) -> torch.optim.Optimizer:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from orchestrator.spec import JobSpec
+from core.spec import JobSpec
 from workers import activation_checkpoint, float8
 from workers import compile as compile_
 from workers.precision import mixed_precision_policy

@@ -17,7 +17,7 @@ import contextlib
 
 import torch
 
-from orchestrator.spec import PrecisionSpec
+from core.spec import PrecisionSpec
 
 # fp8 runs everything that is not a float8 Linear in bf16
 LOW_PRECISION = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}

@@ -24,9 +24,10 @@ import ray
 import ray.train
 import torch
 
-from orchestrator.spec import JobSpec
-from workers import storage
-from workers.checkpoint import CheckpointError, checkpoint_name
+from core import storage
+from core.run_folder import checkpoint_name
+from core.spec import JobSpec
+from workers.checkpoint import CheckpointError
 from workers.context import RunContext, checkpoint_to_resume
 
 # how often rank 0 hands its metrics records to the run's state actor, and the other ranks

@@ -7,36 +7,15 @@ environment and writes checkpoints straight to `checkpoint.storage`.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 
-from orchestrator.checks import data_problems, job_problems
-from orchestrator.spec import JobSpec, SpecError, load_spec
+from core.spec import JobSpec, SpecError, load_spec
+from core.summary import failed, print_summary, write_summary
+from workers.checks import data_problems, job_problems
 from workers.context import LocalContext
 from workers.trainer import train
-
-
-def write_summary(summary: dict, path: str | None) -> None:
-    if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as out:
-            json.dump(summary, out, indent=2)
-
-
-def print_summary(summary: dict) -> None:
-    evals = "  ".join(f"{k.removeprefix('eval_')} {v:.4f}" for k, v in (summary.get("eval") or {}).items())
-    loss = summary.get("final_train_loss")
-    print(
-        f"[{summary['job']}] {summary['status']}: {summary['steps']} steps"
-        + (f", train loss {loss:.4f}" if loss is not None else "")
-        + (f", eval {evals}" if evals else "")
-        + f", {summary['samples_per_s']:,.0f} samples/s"
-        + (f"\n[{summary['job']}] checkpoint: {summary['checkpoint']}" if summary.get("checkpoint") else "")
-        + (f"\n[{summary['job']}] reason: {summary['reason']}" if summary.get("reason") else ""),
-        flush=True,
-    )
 
 
 def run_local(spec: JobSpec, summary_path: str | None = None) -> int:
@@ -46,8 +25,7 @@ def run_local(spec: JobSpec, summary_path: str | None = None) -> int:
         for problem in problems:
             print(f"error: {spec.name}: {problem}", file=sys.stderr, flush=True)
         if os.environ.get("RANK", "0") == "0":  # torchrun: every rank checks, the first one writes
-            summary = {"job": spec.name, "status": "failed", "reason": problems[0], "steps": None}
-            write_summary({**summary, "checkpoint": None, "samples_per_s": 0.0}, summary_path)
+            write_summary(failed(spec.name, problems[0]), summary_path)
         return 1
     ctx = LocalContext(spec)
     try:
@@ -55,14 +33,7 @@ def run_local(spec: JobSpec, summary_path: str | None = None) -> int:
     except (OSError, ValueError, RuntimeError) as err:
         # data, storage and checkpoint problems: one line, no traceback, nothing lost
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        summary = {
-            "job": spec.name,
-            "status": "failed",
-            "reason": reason,
-            "steps": None,
-            "checkpoint": None,
-            "samples_per_s": 0.0,
-        }
+        summary = failed(spec.name, reason)
         if ctx.is_main:
             print(f"error: {spec.name}: {reason}", file=sys.stderr, flush=True)
     finally:

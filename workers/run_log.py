@@ -11,8 +11,8 @@ import logging
 import os
 import tempfile
 
-from workers import storage
-from workers.metrics_log import MetricsWriter
+from core import storage
+from core.metrics_log import MetricsWriter
 from workers.tensorboard import TensorBoardWriter
 
 log = logging.getLogger("workers")

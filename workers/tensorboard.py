@@ -19,12 +19,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from core import records
+
 SKIPPED_FIELDS = ("step", "time")
 
 
 def scalars(record: dict) -> list[tuple[str, float]]:
     """(tag, value) of each numeric field of one record."""
-    is_eval = any(k.startswith("eval_") for k in record)
+    is_eval = records.is_eval(record)
     out = []
     for key, value in record.items():
         if key in SKIPPED_FIELDS or isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -68,8 +68,8 @@ def export(directory: Path, out: Path) -> tuple[int, int, dict]:
 
 
 def handle(args) -> int:
+    from core import storage
     from orchestrator.cli import UsageError
-    from workers import storage
     from workers.checkpoint import CheckpointError
 
     out = Path(args.out)

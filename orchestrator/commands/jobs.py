@@ -14,7 +14,12 @@ import sys
 
 from orchestrator.cli import UsageError
 
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+def ray_job_ended(status: str) -> bool:
+    """Whether a Ray Job's status is final (Ray's own definition)."""
+    from ray.job_submission import JobStatus
+
+    return JobStatus(status).is_terminal()
 
 
 def register(sub) -> None:
@@ -244,14 +249,14 @@ def follow(client, job_id: str) -> int:
     asyncio.run(stream())
     job = client.get_job_info(job_id)
     status = str(getattr(job.status, "value", job.status))
-    if status not in TERMINAL:  # the log stream can close a moment before the status flips
+    if not ray_job_ended(status):  # the log stream can close a moment before the status flips
         import time
 
         for _ in range(50):
             time.sleep(0.2)
             job = client.get_job_info(job_id)
             status = str(getattr(job.status, "value", job.status))
-            if status in TERMINAL:
+            if ray_job_ended(status):
                 break
     if status == "SUCCEEDED":
         print(f"job {job_id} succeeded", file=sys.stderr)
@@ -280,7 +285,7 @@ def handle_stop(args) -> int:
         return 0
     for _ in range(100):  # Ray sends SIGTERM, then SIGKILL after a grace period
         status = str(getattr(client.get_job_status(args.job_id), "value", ""))
-        if status in TERMINAL:
+        if ray_job_ended(status):
             print(f"{args.job_id}: {status}")
             return 0
         time.sleep(0.2)

@@ -128,7 +128,7 @@ def handle_sweep(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from orchestrator import sweep as sweeps
+    from core.spec import sweep as sweeps
     from orchestrator.scheduler import client
 
     with required_service(args.address) as service:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.spec import JobSpec, SpecError, load_spec
+from core.spec import JobSpec, SpecError, load_spec, load_stored
 
 
 def register(sub) -> None:
@@ -26,7 +26,7 @@ def load_runnable(path: str, overrides: list[str]) -> JobSpec:
     """The spec, checked as `validate` checks it (schema and model/data registries), or
     SpecError. Data availability is checked where the job runs, not here."""
     spec = load_spec(path, overrides)
-    from orchestrator.checks import job_problems  # after reading: it loads the model registry (torch)
+    from workers.checks import job_problems  # the data plane's model registry (torch): after reading
 
     problems = job_problems(spec)
     if problems:
@@ -45,6 +45,8 @@ def handle(args) -> int:
         return run_local(spec, args.summary)
     from orchestrator import driver
 
+    if args.job_id:  # started by the service: the spec it validated at submission, as stored
+        return driver.run(load_stored(args.spec), address=args.address, job_id=args.job_id)
     spec = load_runnable(args.spec, args.overrides)
     if spec.sweep is not None:
         raise UsageError(

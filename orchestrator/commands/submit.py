@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from core.jobs import TERMINAL_VALUES
+from core.records import is_train
+from core.spec import JobSpec
 from orchestrator.cli import UsageError, add_spec_arguments
 from orchestrator.commands.jobs import add_address_argument, follow, with_cluster_errors
 
@@ -75,23 +78,24 @@ def entrypoint(spec_path: str, overrides: list[str], working_dir: Path) -> str:
 
 @with_cluster_errors
 def handle(args) -> int:
-    from orchestrator.commands.run import load_runnable
     from orchestrator.ray.cluster import jobs_client, translate
-    from orchestrator.spec import apply_overrides, read_yaml
 
     if args.priority is not None:
         args.overrides = [*args.overrides, f"scheduling.priority={args.priority}"]
-    if not args.no_validate:
-        queued = submit_to_service(args)
-        if queued is not None:
-            return queued
     if args.no_validate:
+        from core.spec import CheckpointSpec, apply_overrides, read_yaml
+
         raw = apply_overrides(read_yaml(args.spec), args.overrides)
         name = str(raw.get("name") or Path(args.spec).stem)
-        section = raw.get("checkpoint")
-        storage = str(section.get("storage", "./runs") if isinstance(section, dict) else "./runs")
+        section = raw.get("checkpoint") if isinstance(raw.get("checkpoint"), dict) else {}
+        storage = str(section.get("storage", CheckpointSpec().storage))
     else:
-        spec = load_runnable(args.spec, args.overrides)  # bad specs fail here, not on the cluster
+        from orchestrator.commands.run import load_runnable
+
+        spec = load_runnable(args.spec, args.overrides)  # the one parse; bad specs fail here, exit 2
+        queued = submit_to_service(args, spec)
+        if queued is not None:
+            return queued
         name, storage = spec.name, spec.checkpoint.storage
     working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
     if not working_dir.is_dir():
@@ -122,54 +126,49 @@ def handle(args) -> int:
     return follow(client, job_id)
 
 
-def submit_to_service(args) -> int | None:
+def submit_to_service(args, spec: JobSpec) -> int | None:
     """Queue the job (or a sweep's trials) with the orchestrator service when one is reachable;
-    None when there is none (the job then goes to Ray Jobs, and its driver queues it itself)."""
-    from orchestrator.commands.run import load_runnable
+    None when there is none (the job then goes to Ray Jobs, and its driver queues it itself).
+    The service gets the typed specs validated above; it does not parse them again."""
+    from core.spec import sweep as sweeps
     from orchestrator.scheduler import client
-    from orchestrator.spec import apply_overrides, read_yaml, validate
 
-    raw = apply_overrides(read_yaml(args.spec), args.overrides)
-    has_sweep = isinstance(raw, dict) and "sweep" in raw
-    with client.connected_service(args.address, required=has_sweep) as service:
+    with client.connected_service(args.address, required=spec.sweep is not None) as service:
         if service is None:
             return None
-        base = load_runnable(args.spec, args.overrides)  # bad specs (and sweeps) fail here, exit 2
-        if has_sweep:
-            from orchestrator import sweep as sweeps
-
-            trials = sweeps.expand(raw)
-            specs = [validate(trial, f"{args.spec} ({name})") for name, trial in trials]
+        if spec.sweep is not None:
+            trials = sweeps.trials(spec)
+            specs = [trial.spec for trial in trials]
             options = [
                 {
-                    "job_id": name,
-                    "sweep": base.name,
-                    "sweep_params": sweeps.params_of(raw, trial),
-                    "sweep_metric": base.sweep.metric,
-                    "sweep_mode": base.sweep.mode,
-                    "sweep_max_concurrent": base.sweep.max_concurrent,
+                    "job_id": trial.name,
+                    "sweep": spec.name,
+                    "sweep_params": trial.params,
+                    "sweep_metric": spec.sweep.metric,
+                    "sweep_mode": spec.sweep.mode,
+                    "sweep_max_concurrent": spec.sweep.max_concurrent,
                 }
-                for name, trial in trials
+                for trial in trials
             ]
         else:
-            specs, options = [base], [{}]
+            specs, options = [spec], [{}]
         working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
         package = client.zip_project(working_dir)
         ids = []
-        for spec, option in zip(specs, options):
-            storage = spec.checkpoint.storage
+        for job_spec, option in zip(specs, options):
+            storage = job_spec.checkpoint.storage
             if "://" not in storage and not os.path.isabs(storage):  # as seen from here
-                spec.checkpoint.storage = os.path.abspath(os.path.expanduser(storage))
+                job_spec.checkpoint.storage = os.path.abspath(os.path.expanduser(storage))
             try:
-                view = client.call(service.submit, client.spec_json(spec), option, package)
+                view = client.call(service.submit, job_spec, option, package)
             except client.ServiceError as err:
                 raise UsageError(str(err)) from None
             ids.append(view["id"])
             print(view["id"], flush=True)
-        if has_sweep:
+        if spec.sweep is not None:
             print(
-                f"sweep {raw['name']}: {len(ids)} trials queued; rank them with `orchestrator sweep "
-                f"{raw['name']}`",
+                f"sweep {spec.name}: {len(ids)} trials queued; rank them with `orchestrator sweep "
+                f"{spec.name}`",
                 file=sys.stderr,
             )
         if not args.wait:
@@ -209,7 +208,7 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
                 if job["state"] not in ("running", "stopping"):
                     continue
                 records = client.call(service.metrics_since, job_id, last_step[job_id])
-                train = [r for r in records if "loss" in r]
+                train = [r for r in records if is_train(r)]
                 if train:
                     r = train[-1]
                     last_step[job_id] = r["step"]
@@ -224,7 +223,7 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
                         rate=rate,
                         rate_unit=unit,
                     )
-            if all(view["state"] in ("succeeded", "failed", "stopped") for view in views.values()):
+            if all(view["state"] in TERMINAL_VALUES for view in views.values()):
                 break
             time.sleep(poll_s)
     for job_id in job_ids:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import sys
 
-from orchestrator.spec import JobSpec, SpecError
+from core.spec import JobSpec, SpecError
 
 
 def register(sub) -> None:
@@ -32,7 +32,7 @@ def handle(args) -> int:
                 print(f"error: {line}", file=sys.stderr)
             status = 2
             continue
-        from orchestrator.checks import data_problems  # loaded by load_runnable for a readable spec
+        from workers.checks import data_problems  # loaded by load_runnable for a readable spec
 
         for problem in data_problems(spec):
             print(

@@ -20,8 +20,10 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from core.jobs import TERMINAL_VALUES, JobState
+
 KEEP_FINISHED_S = 3600.0
-STATES = ("queued", "admitted", "running", "stopping", "preempted", "succeeded", "failed", "stopped")
+STATES = tuple(state.value for state in JobState)
 SAVE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 # training record field -> (metric name, help, scale)
@@ -80,8 +82,7 @@ class ServiceCollector(Collector):
         jobs = [
             j
             for j in snapshot["jobs"]
-            if j["state"] not in ("succeeded", "failed", "stopped")
-            or now - (j.get("finished_at") or now) < KEEP_FINISHED_S
+            if j["state"] not in TERMINAL_VALUES or now - (j.get("finished_at") or now) < KEEP_FINISHED_S
         ]
         yield from self._training(jobs)
         yield from self._jobs(jobs, now)

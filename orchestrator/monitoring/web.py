@@ -25,6 +25,9 @@ from typing import Any, Protocol
 import prometheus_client
 from aiohttp import web
 
+from core.jobs import HOLDING_VALUES, TERMINAL_VALUES
+from core.records import is_train
+
 STATIC_DIR = Path(__file__).parent / "static"
 
 # what a page may load and run: only its own files; an injected tag could do nothing even if
@@ -33,8 +36,6 @@ PAGE_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-ACTIVE_STATES = ("admitted", "running", "stopping")  # states whose rates change while we watch
-TERMINAL_STATES = ("succeeded", "failed", "stopped")
 LIVE_KEYS = ("step", "time", "loss", "samples_per_s", "tokens_per_s", "mfu", "tflops_per_worker")
 
 
@@ -104,10 +105,10 @@ class LiveRates:
         active = set()
         for view in views:
             job_id, state = view.get("id"), view.get("state")
-            if state in ACTIVE_STATES:
+            if state in HOLDING_VALUES:  # their rates change while we watch
                 active.add(job_id)
                 view["live"] = self._running(job_id)
-            elif state in TERMINAL_STATES:
+            elif state in TERMINAL_VALUES:
                 view["live"] = self._summary(view.get("summary"))
             else:
                 view["live"] = None  # waiting: no rate to speak of
@@ -129,7 +130,7 @@ class LiveRates:
             if not isinstance(step, (int, float)):
                 continue
             last_step = max(last_step, int(step))
-            if "loss" in r and (record is None or step >= record.get("step", -1)):
+            if is_train(r) and (record is None or step >= record.get("step", -1)):
                 record = {k: r[k] for k in LIVE_KEYS if k in r}
         with self.lock:
             self.newest[job_id] = (last_step, record)

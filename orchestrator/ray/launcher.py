@@ -21,21 +21,12 @@ import threading
 
 import ray
 
+from core import storage
+from core.jobs import resources_for
+from core.spec import JobSpec
 from orchestrator.ray.run_state import Outcome, RunState
-from orchestrator.spec import JobSpec
-from workers import storage
 
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's built-in label: every node carries its own id
-
-
-def worker_resources(spec: JobSpec) -> dict[str, float]:
-    """The Ray resources one worker needs."""
-    res = spec.resources
-    out = {"CPU": res.cpus_per_worker}
-    if res.gpus_per_worker > 0:
-        out["GPU"] = res.gpus_per_worker
-    out.update(getattr(res, "custom_per_worker", None) or {})
-    return out
 
 
 def label_selectors(placement: dict[str, int]) -> list[dict[str, str]]:
@@ -51,7 +42,7 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
 
     res = spec.resources
     use_gpu = res.gpus_per_worker > 0
-    scaling = dict(num_workers=res.num_workers, use_gpu=use_gpu, resources_per_worker=worker_resources(spec))
+    scaling = dict(num_workers=res.num_workers, use_gpu=use_gpu, resources_per_worker=resources_for(spec))
     if placement:
         scaling["label_selector"] = label_selectors(placement)
     # a filesystem object carries what a bare URI cannot (endpoints, credentials from the URI's

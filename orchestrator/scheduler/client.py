@@ -18,6 +18,7 @@ from pathlib import Path
 
 import ray
 
+from orchestrator.errors import UsageError
 from orchestrator.scheduler.actor import NAMESPACE, SERVICE_NAME
 from orchestrator.scheduler.store import project_files
 
@@ -50,11 +51,6 @@ def call(method, *args, retries: int = 60, delay: float = 1.0, timeout: float = 
                 ) from None
             time.sleep(delay)
     raise AssertionError("unreachable")
-
-
-def spec_json(spec) -> dict:
-    """A validated spec as plain JSON (what the service stores and the driver reads back)."""
-    return spec.model_dump(mode="json", by_alias=True)
 
 
 def own_submission_id() -> str | None:
@@ -99,7 +95,6 @@ def service_address(address: str | None) -> str | None:
 def connected_service(address: str | None, required: bool = False) -> Iterator:
     """Join the cluster and yield the service's handle (None when there is none, unless
     `required`: then say how to start one)."""
-    from orchestrator.cli import UsageError
     from orchestrator.ray import cluster
 
     where = service_address(address)

@@ -17,10 +17,10 @@ import logging
 import posixpath
 import shlex
 
-from workers import storage
+from core import storage
+from core.spec import JobSpec
 
 SPEC_IN_PACKAGE = ".orchestrator/job.json"
-TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 log = logging.getLogger("orchestrator.service")
 
@@ -29,12 +29,13 @@ def submission_id(job_id: str, attempt: int) -> str:
     return f"{job_id}-a{attempt}"
 
 
-def write_spec(package_uri: str, spec: dict) -> None:
-    """The validated spec, beside the project files the job runs with."""
+def write_spec(package_uri: str, spec: JobSpec) -> None:
+    """The spec validated at submission, beside the project files the job runs with (the
+    driver the service starts loads it from there: `core.spec.load_stored`)."""
     fs, path = storage.resolve(storage.join(package_uri, SPEC_IN_PACKAGE))
     fs.create_dir(posixpath.dirname(path), recursive=True)
     with fs.open_output_stream(path) as out:
-        out.write(json.dumps(spec, indent=1).encode())
+        out.write(json.dumps(spec.model_dump(mode="json", by_alias=True), indent=1).encode())
 
 
 class JobRunner:

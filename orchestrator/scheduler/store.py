@@ -21,7 +21,6 @@ duplicate.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import os
 import posixpath
@@ -35,40 +34,18 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from workers import storage
+from core import storage
+from core.jobs import JobState
+from core.spec import JobSpec
 
 LEASE_TTL_S = 15.0  # a lease not renewed for this long is free
-
-
-class JobState(str, enum.Enum):
-    QUEUED = "queued"  # waiting for admission
-    ADMITTED = "admitted"  # resources counted for it; its workers are starting
-    RUNNING = "running"  # all workers started
-    STOPPING = "stopping"  # asked to checkpoint and stop (preemption or `orchestrator stop`)
-    PREEMPTED = "preempted"  # stopped for a higher-priority job; back in the queue
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"  # by `orchestrator stop`
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
-
-    @property
-    def is_pending(self) -> bool:
-        """Waiting in the queue."""
-        return self in (JobState.QUEUED, JobState.PREEMPTED)
-
-    @property
-    def holds_resources(self) -> bool:
-        return self in (JobState.ADMITTED, JobState.RUNNING, JobState.STOPPING)
 
 
 @dataclass
 class JobRecord:
     id: str  # unique in the queue
     name: str  # the spec's name
-    spec: dict[str, Any]  # the validated spec, as JSON
+    spec: JobSpec  # validated once, at submission; stored as JSON
     priority: int
     queue: str
     preemptible: bool
@@ -120,15 +97,19 @@ class JobRecord:
         return max(self.total_steps - self.step, 0) * self.step_time_s
 
     def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["state"] = self.state.value
+        data = dataclasses.asdict(dataclasses.replace(self, spec=None))  # the spec is no dataclass
+        data.update(spec=self.spec_json(), state=self.state.value)
         return data
+
+    def spec_json(self) -> dict[str, Any]:
+        return self.spec.model_dump(mode="json", by_alias=True)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}  # fields of newer versions
         values["state"] = JobState(values["state"])
+        values["spec"] = JobSpec.model_validate(values["spec"])  # written by `to_json`: a load, not a check
         return cls(**values)
 
 

@@ -13,9 +13,9 @@ mask moves the loss by far more within a step or two.
 import pytest
 import torch
 
-from orchestrator.spec import validate
+from core.metrics_log import read_metrics
+from core.spec import validate
 from workers.context import LocalContext
-from workers.metrics_log import read_metrics
 from workers.trainer import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -13,7 +13,8 @@ Trials are named <name>-000, <name>-001, ... in a fixed order: the grid's combin
 parameters in sorted path order (the last one varies fastest), or `num_samples` draws from a
 generator seeded with `sweep.seed`. The same spec always expands into the same trials, on any
 Python version.
-The schema of the section is in orchestrator/spec.py.
+The schema of the section is in core/spec/schema.py. A spec validated by `core.spec.load`
+keeps its trials, validated once: `trials(spec)`.
 """
 
 from __future__ import annotations
@@ -23,27 +24,57 @@ import itertools
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.spec import SpecError, SweepParameter, SweepSpec, validate_fields
+from core.spec.checks import validate_fields
+from core.spec.errors import SpecError
+from core.spec.schema import JobSpec, SweepParameter, SweepSpec
 
 Check = Callable[[dict], list[str]]  # a trial's raw spec -> 'dotted.path: reason' lines
 
 
-def expand(raw: dict) -> list[tuple[str, dict]]:
+@dataclass
+class Trial:
+    name: str  # <sweep name>-NNN: also the trial's job id in the queue
+    spec: JobSpec  # validated
+    params: dict[str, Any]  # this trial's value of each swept parameter, {dotted.path: value}
+
+
+def expand(raw: dict, into: JobSpec | None = None) -> list[tuple[str, dict]]:
     """The trials of a spec with a sweep: (name, raw spec without the sweep section), each one valid.
 
     Raises SpecError naming `sweep.parameters.<path>` for a path the schema does not have or a
-    value its field rejects (and the trial, for combinations that fail together).
+    value its field rejects (and the trial, for combinations that fail together). With `into`
+    (the spec `raw` validated to), its trials are kept on it, validated: `trials(into)`.
     """
-    spec = validate_fields(raw)  # the base spec and the sweep section
+    spec = into if into is not None else validate_fields(raw)  # the base spec and the sweep section
     if spec.sweep is None:
         raise SpecError(["sweep: the spec has no sweep section"])
     trials = _trials(raw, spec.sweep)
-    problems = trial_problems(raw, _schema_problems)
+    validated: dict[str, JobSpec] = {}  # trial name -> its spec, from the check below
+
+    def check(trial: dict) -> list[str]:
+        try:
+            trial_spec = validate_fields(trial)
+        except SpecError as err:
+            return err.problems
+        validated[trial_spec.name] = trial_spec
+        return []
+
+    problems = trial_problems(raw, check)
     if problems:
         raise SpecError(problems)
+    if into is not None:
+        into._trials = [Trial(name, validated[name], params_of(raw, trial)) for name, trial in trials]
     return trials
+
+
+def trials(spec: JobSpec) -> list[Trial]:
+    """The trials of a validated sweep spec, validated once (when the spec was)."""
+    if spec._trials is None:
+        expand(spec.model_dump(mode="json", by_alias=True, exclude_unset=True), into=spec)
+    return spec._trials
 
 
 def trial_problems(raw: dict, check: Check) -> list[str]:
@@ -172,14 +203,6 @@ def _get(raw: dict, path: str) -> Any:
             return None
         node = node[part]
     return node
-
-
-def _schema_problems(trial: dict) -> list[str]:
-    try:
-        validate_fields(trial)
-    except SpecError as err:
-        return err.problems
-    return []
 
 
 def _named(path: str, value: Any, problem: str) -> str:

@@ -56,7 +56,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from workers import storage
+from core import records, storage
 
 log = logging.getLogger("workers")
 
@@ -174,7 +174,7 @@ def _ordered(table: pa.Table) -> pa.Table:
     """Sorted by step, training records before eval records of the same step, else as written."""
     is_eval = pa.array([False] * table.num_rows, pa.bool_())
     for name in table.column_names:
-        if name.startswith("eval_"):
+        if records.is_eval_field(name):
             is_eval = pc.or_(is_eval, pc.is_valid(table[name]))
     keys = pa.table({"step": table["step"], "eval": is_eval, "order": pa.array(range(table.num_rows))})
     return table.take(pc.sort_indices(keys, sort_keys=[(k, "ascending") for k in keys.column_names]))

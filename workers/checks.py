@@ -1,7 +1,7 @@
 """Checks of a job spec that need the data plane's registries (models, data sources).
 
-`orchestrator.spec` reads and validates a spec against its schema and imports nothing of
-`workers/`; this module adds what only the data plane knows:
+`core.spec` reads and validates a spec against its schema and imports nothing of `workers/`;
+this module adds what only the data plane knows:
 
 - `job_problems(spec)`: what `validate` and `run` check: the model preset and overrides
   (against the shapes the data gives, e.g. 28x28 images), for a sweep each trial too.
@@ -17,8 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from orchestrator import sweep
-from orchestrator.spec import JobSpec, SpecError, validate_fields
+from core.spec import JobSpec, SpecError, sweep, validate_fields
 from workers import data, models
 
 

@@ -1,0 +1,331 @@
+"""The job spec's schema: one YAML file describes a training job end to end.
+
+Every section forbids unknown keys so that a typo is an error, never a silently ignored
+setting, and every number has a range. Defaults live here and nowhere else: every process
+(CLI, service, driver, workers) reads them from a `JobSpec`, never from a dict.
+
+Reading a file is `core.spec.load`; the rules that span fields are `core.spec.checks`;
+turning pydantic's errors into one readable line each is `core.spec.errors`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic.fields import FieldInfo
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+
+# upper bounds: beyond what the runtime can hold or any job could use
+MAX_STEPS = 10**9  # steps, step intervals, batches
+MAX_EPOCHS = 10**6
+MAX_BATCH = 2**20  # samples per optimizer step
+MAX_SIZE = 2**20  # sequence lengths, vocabularies, classes
+MAX_SAMPLES = 10**8  # generated items
+MAX_WORKERS = 4096
+MAX_SEED = 2**63 - 1  # what torch.manual_seed and numpy take
+MAX_PATH = 4096  # characters of a path or URI
+MAX_TRIALS = 1000  # trials of one sweep
+MAX_SWEEP_PARAMETERS = 32
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, populate_by_name=True, allow_inf_nan=False
+    )
+
+
+class ModelSpec(Section):
+    family: Literal["convnet", "resnet", "vit", "gpt"]
+    preset: str = Field(..., max_length=64)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class AugmentSpec(Section):
+    """Random image augmentation of the training set (never of the eval set)."""
+
+    shift: int = Field(0, ge=0, le=64, description="move each image by up to N pixels (pad and crop)")
+    horizontal_flip: bool = False
+
+
+class DataSpec(Section):
+    source: Literal["synthetic", "digits", "fashion-mnist", "text", "parquet"]
+    path: str | None = Field(None, max_length=MAX_PATH)
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH, description="global batch per optimizer step")
+    eval_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH)
+    loader_workers: int = Field(0, ge=0, le=64)
+    eval_split: float = Field(0.1, ge=0.0, le=0.5)
+    seq_len: int = Field(128, ge=1, le=MAX_SIZE)
+    num_samples: int = Field(1024, ge=1, le=MAX_SAMPLES)
+    kind: Literal["image", "tokens"] = "image"
+    image_size: int = Field(32, ge=1, le=16384)
+    in_channels: int = Field(3, ge=1, le=1024)
+    num_classes: int = Field(10, ge=2, le=MAX_SIZE)
+    vocab_size: int = Field(256, ge=2, le=MAX_SIZE)
+    columns: dict[str, str] = Field(
+        default_factory=lambda: {"image": "image", "label": "label", "tokens": "tokens"}
+    )
+    download: bool = False
+    augment: AugmentSpec | None = None
+
+
+class EarlyStoppingSpec(Section):
+    patience: int = Field(..., ge=1, le=10**6, description="evaluations without improvement before stopping")
+    min_delta: float = Field(0.0, ge=0.0, le=1e6)
+
+
+class TrainSpec(Section):
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    epochs: int | None = Field(None, ge=1, le=MAX_EPOCHS)
+    grad_accum: int = Field(1, ge=1, le=4096)
+    clip_grad_norm: float | None = Field(1.0, gt=0.0, le=1e6)
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    eval_every: int | None = Field(None, ge=1, le=MAX_STEPS)
+    eval_batches: int | None = Field(None, ge=1, le=MAX_STEPS)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    early_stopping: EarlyStoppingSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_length(self):
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError(
+                "set exactly one of train.steps or train.epochs"
+                " (null unsets one, e.g. --set train.epochs=null)"
+            )
+        return self
+
+
+class OptimizerSpec(Section):
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(1e-3, gt=0.0, le=10.0)
+    weight_decay: float = Field(0.0, ge=0.0, le=10.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0.0, le=1.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas):
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"each beta must be in [0, 1), got {list(betas)}")
+        return betas
+
+
+class SchedulerSpec(Section):
+    name: Literal["cosine", "onecycle", "constant"] = "cosine"
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0)
+    pct_start: float = Field(0.3, gt=0.0, lt=1.0, description="onecycle: share of steps spent rising")
+
+
+class ParallelSpec(Section):
+    strategy: Literal["none", "ddp", "fsdp2"] = "none"
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    checkpoint_every: int = Field(2, ge=1, le=1024, description="selective: checkpoint every k-th block")
+    selective_policy: Literal["blocks", "ops"] = Field(
+        "blocks",
+        description="selective: every k-th block ('blocks'), or every block saving only"
+        " matmul and attention outputs ('ops')",
+    )
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+
+
+class PrecisionSpec(Section):
+    dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "fp32"
+    compile: bool = False
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+
+
+KernelImpl = Literal["auto", "torch", "triton"]
+
+
+class KernelsSpec(Section):
+    attention: KernelImpl = "auto"
+    layer_norm: KernelImpl = "auto"
+    cross_entropy: KernelImpl = "auto"
+    bias_gelu: KernelImpl = "auto"
+
+    def as_dict(self) -> dict[str, str]:
+        return self.model_dump()
+
+
+class ResourcesSpec(Section):
+    num_workers: int = Field(1, ge=1, le=MAX_WORKERS)
+    gpus_per_worker: float = Field(0.0, ge=0.0, le=64.0)
+    cpus_per_worker: float = Field(1.0, gt=0.0, le=1024.0)
+    # other Ray resources each worker needs, e.g. {"accelerator_type:H100": 0.001} or a custom
+    # resource a node was started with
+    custom_per_worker: dict[str, float] = Field(default_factory=dict, max_length=16)
+
+    @field_validator("custom_per_worker")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float]):
+        for name, amount in value.items():
+            if name in ("CPU", "GPU") or not name or len(name) > 128:
+                raise ValueError(
+                    f"'{name}': use cpus_per_worker / gpus_per_worker for CPU and GPU"
+                    if name in ("CPU", "GPU")
+                    else f"'{name[:40]}' is not a resource name"
+                )
+            if not (math.isfinite(amount) and 0 < amount <= 1e6):
+                raise ValueError(f"{name}: {amount} is out of range; allowed: above 0 up to 1000000")
+        return value
+
+
+class CheckpointSpec(Section):
+    storage: str = Field("./runs", max_length=MAX_PATH)
+    every_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    keep: int = Field(3, ge=1, le=1000)
+    resume: str = Field("auto", max_length=MAX_PATH)
+    async_save: bool = Field(False, alias="async")
+
+    @field_validator("storage")
+    @classmethod
+    def _storage_not_empty(cls, value: str):
+        if not value.strip():
+            raise ValueError("must be a path or URI, got an empty string")
+        return value
+
+
+class FaultToleranceSpec(Section):
+    max_failures: int = Field(0, ge=-1, le=1000, description="-1 retries forever")
+
+
+class SchedulingSpec(Section):
+    priority: int = Field(0, ge=0, le=1000, description="higher runs first")
+    preemptible: bool = False
+    queue: str = Field("default", pattern=NAME_PATTERN)
+    preemption_grace_s: float = Field(
+        60.0, ge=0.0, le=3600.0, description="a preempted job's time to checkpoint and stop"
+    )
+
+
+class MetricsSpec(Section):
+    log_every: int = Field(10, ge=1, le=MAX_STEPS)
+    tensorboard: bool = False
+
+
+# --- sweeps: the schema (expansion and ranking: core/spec/sweep.py) ---------------
+
+METRICS = (
+    "eval_loss",
+    "eval_accuracy",
+    "eval_perplexity",
+    "final_train_loss",
+    "samples_per_s",
+    "tokens_per_s",
+)
+MAXIMIZED = ("eval_accuracy", "samples_per_s", "tokens_per_s")  # the default mode is max for these
+SWEEP_BOUND = 1e18  # |low|, |high| of a distribution
+
+
+class SweepParameter(Section):
+    values: list[Any] | None = Field(None, min_length=1, max_length=MAX_TRIALS)
+    distribution: Literal["uniform", "log_uniform", "int_uniform"] | None = None
+    low: int | float | None = None
+    high: int | float | None = None
+
+    @model_validator(mode="after")
+    def _values_or_distribution(self):
+        if (self.values is None) == (self.distribution is None):
+            raise ValueError("give either values: [...] or a distribution with low and high")
+        if self.distribution is None:
+            if self.low is not None or self.high is not None:
+                raise ValueError("low and high go with a distribution, not with values")
+            return self
+        low, high = self.low, self.high
+        if low is None or high is None:
+            raise ValueError(f"distribution {self.distribution} needs low and high")
+        if not (abs(low) <= SWEEP_BOUND and abs(high) <= SWEEP_BOUND):
+            raise ValueError(f"low and high are out of range; allowed: -{SWEEP_BOUND:g} to {SWEEP_BOUND:g}")
+        if not low < high:
+            raise ValueError(f"low must be below high, got low {low} and high {high}")
+        if self.distribution == "log_uniform" and low <= 0:
+            raise ValueError(f"log_uniform needs low > 0, got {low}")
+        if self.distribution == "int_uniform" and not (type(low) is int and type(high) is int):
+            raise ValueError(f"int_uniform needs integer low and high, got {low} and {high}")
+        return self
+
+
+class SweepSpec(Section):
+    method: Literal["grid", "random"]
+    parameters: dict[str, SweepParameter] = Field(..., min_length=1, max_length=MAX_SWEEP_PARAMETERS)
+    num_samples: int | None = Field(None, ge=1, le=MAX_TRIALS, description="random: trials to draw")
+    max_concurrent: int | None = Field(None, ge=1, le=MAX_TRIALS, description="trials running at once")
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    metric: Literal[METRICS] = "eval_loss"
+    mode: Literal["min", "max"] = "min"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_mode(cls, data):
+        # unset: minimize losses, maximize accuracy and throughput
+        if isinstance(data, dict) and data.get("mode") is None:
+            data = {**data, "mode": "max" if data.get("metric") in MAXIMIZED else "min"}
+        return data
+
+    @model_validator(mode="after")
+    def _method_fits(self):
+        if self.method == "random" and self.num_samples is None:
+            raise ValueError(f"method random needs num_samples (1 to {MAX_TRIALS})")
+        if self.method == "grid":
+            if self.num_samples is not None:
+                raise ValueError("num_samples applies to method random; grid runs every combination")
+            drawn = [path for path, p in self.parameters.items() if p.values is None]
+            if drawn:
+                raise ValueError(
+                    f"grid needs values for every parameter; {', '.join(drawn)} has a distribution"
+                    " (distributions are for method random)"
+                )
+            trials = math.prod(len(p.values) for p in self.parameters.values())
+            if trials > MAX_TRIALS:
+                raise ValueError(f"the grid has {trials} combinations; at most {MAX_TRIALS}")
+        return self
+
+
+class JobSpec(Section):
+    name: str = Field(..., pattern=NAME_PATTERN)
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+    precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
+    kernels: KernelsSpec = Field(default_factory=KernelsSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    fault_tolerance: FaultToleranceSpec = Field(default_factory=FaultToleranceSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    sweep: SweepSpec | None = None
+    _trials: list | None = PrivateAttr(default=None)  # a sweep's trials, once validated (sweep.py)
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples per worker per forward pass."""
+        return self.data.batch_size // (self.resources.num_workers * self.train.grad_accum)
+
+
+# --- reading the schema (for error messages and sweep paths) ------------------------
+
+
+def field_named(model: Any, name: str) -> FieldInfo | None:
+    fields = getattr(model, "model_fields", {})
+    if name in fields:
+        return fields[name]
+    return next((f for f in fields.values() if f.alias == name), None)
+
+
+def section_type(annotation):
+    """The section (model) class an annotation holds: Section, Optional[Section],
+    dict[str, Section]; None for plain values."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None

@@ -1,0 +1,42 @@
+"""The orchestrator service as the status page's `PageSource` (see web.py), and what the page
+shows of the service's own process."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+class PageView:
+    def __init__(self, service):
+        self.service = service
+
+    def info(self) -> dict:
+        return self.service.info()
+
+    def queue(self) -> list[dict]:
+        return self.service.queue(include_finished=True)
+
+    def job(self, job_id: str) -> dict | None:
+        try:
+            view = self.service.status(job_id)
+        except KeyError:
+            return None
+        view["checkpoints"] = self.service.checkpoints(job_id)
+        return view
+
+    def metrics(self, job_id: str, since_step: int) -> list[dict]:
+        return self.service.metrics_since(job_id, since_step)
+
+
+def process_info() -> dict:
+    """The service's own process: its memory, and which of the heavy packages it has loaded
+    (none of the data plane's: the control plane never imports torch)."""
+    import psutil
+
+    loaded = {name.split(".")[0] for name in sys.modules}
+    return {
+        "pid": os.getpid(),
+        "rss_bytes": psutil.Process().memory_info().rss,
+        "data_plane_modules": sorted(loaded & {"torch", "workers", "kernels", "triton"}),
+    }

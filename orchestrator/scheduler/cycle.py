@@ -1,0 +1,145 @@
+"""One scheduling pass of the service, every `tick_s`:
+
+1. read the cluster's live nodes from Ray and hand them to the policy;
+2. reconcile the job table with the Ray Jobs that run the drivers: a driver that died, workers
+   that did not start in time, a victim that did not stop within its grace period;
+3. ask the policy (pure, `policy.py`) what to admit and whom to preempt, and act on it through
+   the lifecycle, which writes every change to the store first.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+from ray.job_submission import JobStatus
+
+from core.jobs import JobState
+from orchestrator.scheduler.lifecycle import Lifecycle
+from orchestrator.scheduler.policy import Policy
+from orchestrator.scheduler.store import JobRecord
+from orchestrator.scheduler.types import Allocation, JobRequest, Node
+
+
+class SchedulingCycle:
+    def __init__(self, lifecycle: Lifecycle, policy: Policy, config):
+        self.lifecycle, self.policy, self.config = lifecycle, policy, config
+        self.jobs = lifecycle.jobs
+        self.nodes: list[Node] = []
+        self.notes: dict[str, str] = {}  # why a pending job did not start, from the last pass
+
+    def run(self, now: float) -> None:
+        self.refresh_nodes()
+        self.reconcile(now)
+        self.schedule(now)
+
+    def refresh_nodes(self) -> None:
+        nodes = []
+        for n in ray.nodes():
+            if n.get("Alive"):
+                capacity = {
+                    k: float(v)
+                    for k, v in n.get("Resources", {}).items()
+                    if not k.startswith("node:") and isinstance(v, (int, float))
+                }
+                nodes.append(Node(n["NodeID"], capacity))
+        self.nodes = nodes
+        self.policy.set_nodes(nodes)
+
+    # -- reconcile -----------------------------------------------------------------------------
+
+    def reconcile(self, now: float) -> None:
+        """Bring the job table in line with the drivers Ray runs."""
+        watched = [
+            j
+            for j in self.jobs.values()
+            if not j.state.is_terminal
+            and (j.state.holds_resources or j.submission_id or j.launched_by == "driver")
+        ]
+        runner = self.lifecycle.runner
+        statuses = runner.statuses() if any(j.submission_id for j in watched) else {}
+        for job in watched:
+            status, driver_gone = self._driver_status(job, statuses, now)
+            if driver_gone and job.state.is_pending:
+                self._waiting_driver_gone(job, now)
+            elif driver_gone and job.state.holds_resources:
+                self.lifecycle.driver_gone(job, now, status)
+            elif job.state is JobState.ADMITTED and now - job.admitted_at > self.config.start_deadline_s:
+                self.lifecycle.start_timed_out(job, now)
+            elif job.state is JobState.STOPPING:
+                self.lifecycle.kill_after_grace(job, now)
+
+    def _driver_status(self, job: JobRecord, statuses: dict[str, str], now: float) -> tuple[str | None, bool]:
+        """(the Ray Job's status, whether the job's driver is gone)."""
+        if job.submission_id:
+            status = statuses.get(job.submission_id)
+            return status, status is None or JobStatus(status).is_terminal()
+        # a driver outside Ray Jobs (a terminal): alive while it keeps reporting
+        silent = now - job.last_seen
+        return None, job.launched_by == "driver" and silent > self.config.driver_timeout_s
+
+    def _waiting_driver_gone(self, job: JobRecord, now: float) -> None:
+        job.submission_id = None  # a driver waiting in the queue went away
+        if not job.package:
+            self.lifecycle.finish(job, JobState.FAILED, now, reason="its driver exited while it was queued")
+        else:  # the service starts it again from its package when it is admitted
+            self.lifecycle.save(job)
+
+    # -- schedule ------------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> None:
+        trials: dict[str, int] = {}  # running trials per sweep, for sweep.max_concurrent
+        for j in self.jobs.values():
+            if j.sweep and j.state.holds_resources:
+                trials[j.sweep] = trials.get(j.sweep, 0) + 1
+
+        def sweep_full(job: JobRecord) -> bool:
+            return bool(job.sweep_max_concurrent) and trials.get(job.sweep, 0) >= job.sweep_max_concurrent
+
+        pending = [
+            request(j)
+            for j in self.jobs.values()
+            if j.state.is_pending and j.not_before <= now and not sweep_full(j)
+        ]
+        running = [allocation(j) for j in self.jobs.values() if j.state.holds_resources]
+        decision = self.policy.schedule(now, pending, running)
+        self.notes = dict(decision.notes)
+        for job_id, placement in decision.admit:
+            job = self.jobs[job_id]
+            if sweep_full(job):  # several trials of one sweep fit in this pass: start only its share
+                continue
+            if job.sweep:
+                trials[job.sweep] = trials.get(job.sweep, 0) + 1
+            self.lifecycle.admit(job, placement, now)
+        for job_id in decision.preempt:
+            self.lifecycle.request_stop(self.jobs[job_id], "preempt", now, by=decision.reserved_for)
+
+
+def request(job: JobRecord) -> JobRequest:
+    """A pending job as the policy sees it."""
+    return JobRequest(
+        job.id,
+        job.priority,
+        job.workers,
+        job.per_worker,
+        job.submitted_at,
+        job.preemptible,
+        job.queue,
+        job.remaining_s,
+    )
+
+
+def allocation(job: JobRecord) -> Allocation:
+    """A job that holds resources, as the policy sees it."""
+    remaining = job.remaining_s
+    return Allocation(
+        job.id,
+        job.priority,
+        dict(job.placement),
+        job.per_worker,
+        job.admitted_at or 0.0,
+        job.preemptible,
+        job.queue,
+        None if remaining is None else time.time() + remaining,
+        stopping=job.state is JobState.STOPPING,
+    )

@@ -1,0 +1,167 @@
+"""Every change of a queued job's state, in one place, each written to the store at once.
+
+`Lifecycle.set_state` is the only code that assigns `job.state`: it asks
+`core.jobs.check_transition` (the table of allowed transitions), writes the history line and
+saves the record before anything else learns of the change. The other methods are the
+service's verbs (admit, mark running, request a stop, requeue, finish) built on it; they
+change the fields that go with a state (placement, stop request, backoff) together with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from core.jobs import JobState, check_transition
+from core.run_folder import checkpoint_step
+from orchestrator.scheduler.runner import JobRunner, submission_id
+from orchestrator.scheduler.store import JobRecord, Store
+
+log = logging.getLogger("orchestrator.service")
+
+
+class Lifecycle:
+    def __init__(self, store: Store, runner: JobRunner, config, generation: int):
+        self.store, self.runner, self.config, self.generation = store, runner, config, generation
+        self.jobs: dict[str, JobRecord] = store.load_all()
+
+    def save(self, job: JobRecord) -> None:
+        self.store.save(job)
+
+    def set_state(
+        self,
+        job: JobRecord,
+        state: JobState,
+        now: float,
+        event: str | None = None,
+        quiet: bool = False,
+        **detail,
+    ) -> None:
+        """Move `job` to `state` (an allowed transition), log `event` (default: the state's name)
+        with `detail` in its history unless `quiet` (the caller logged why), and save it."""
+        check_transition(job.id, job.state, state)
+        job.state = state
+        if not quiet:
+            job.log(event or state.value, now, **detail)
+        self.save(job)
+
+    # -- admission and start -------------------------------------------------------------------
+
+    def admit(self, job: JobRecord, placement: dict[str, int], now: float) -> None:
+        job.attempt += 1
+        job.placement, job.admitted_at, job.generation = dict(placement), now, self.generation
+        self.set_state(job, JobState.ADMITTED, now, attempt=job.attempt, nodes=len(placement), step=job.step)
+        if job.submission_id is None and (job.launched_by == "service" or job.package):
+            self._launch(job, now)
+
+    def _launch(self, job: JobRecord, now: float) -> None:
+        try:
+            job.submission_id = self.runner.launch(job.id, job.attempt, job.package, {"attempt": job.attempt})
+        except Exception as err:
+            log.error("%s: cannot start its driver: %s", job.id, err)
+            job.log("launch-failed", now, error=str(err).splitlines()[0][:300])
+            self.requeue(job, now, backoff=True)
+            return
+        self.save(job)
+
+    def mark_running(self, job: JobRecord, attempt: int) -> None:
+        job.started_at, job.failed_starts = time.time(), 0
+        self.set_state(job, JobState.RUNNING, job.started_at, event="running", attempt=attempt, step=job.step)
+
+    def start_timed_out(self, job: JobRecord, now: float) -> None:
+        deadline = self.config.start_deadline_s
+        log.warning("%s: its workers did not all start within %.0f s; requeued", job.id, deadline)
+        job.log("start-timeout", now, deadline_s=deadline)
+        if job.submission_id:
+            self.runner.stop(job.submission_id)
+            job.submission_id = None
+        self.requeue(job, now, backoff=True)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def request_stop(self, job: JobRecord, why: str, now: float, by: str | None = None) -> None:
+        """Ask a running job to checkpoint and stop: `why` is "preempt" or "stop"."""
+        if job.state is JobState.STOPPING and job.stop_requested == why:
+            return
+        job.stop_requested, job.stop_requested_at = why, now
+        self.set_state(
+            job,
+            JobState.STOPPING,
+            now,
+            event="stop-requested",
+            why=why,
+            **({"for": by} if by else {}),
+            step=job.step,
+        )
+
+    def kill_after_grace(self, job: JobRecord, now: float) -> None:
+        """A job asked to stop that has not within its grace period: stop its driver."""
+        grace = job.spec.scheduling.preemption_grace_s
+        if job.killed or job.stop_requested_at is None or now - job.stop_requested_at <= grace:
+            return
+        log.warning("%s did not stop within %.0f s: stopping its driver", job.id, grace)
+        job.killed = True
+        job.log("killed", now, reason=f"no checkpoint within {grace:.0f} s")
+        self.save(job)
+        if job.submission_id:
+            self.runner.stop(job.submission_id)
+
+    def preempted(self, job: JobRecord, now: float, acknowledged: bool) -> None:
+        """A victim stopped (acknowledged: it checkpointed and said so) and goes back to the queue."""
+        lost = self.steps_since_checkpoint(job)
+        job.steps_lost += lost
+        job.preemptions += 1
+        job.stop_requested = "preempt"
+        job.log("preempted", now, step=job.step, steps_lost=lost, acknowledged=acknowledged)
+        self.requeue(job, now, backoff=False)
+
+    def driver_gone(self, job: JobRecord, now: float, status: str | None) -> None:
+        """The driver of a job that still holds resources ended without saying how."""
+        was = job.state
+        job.submission_id = None
+        if job.stop_requested == "stop":
+            self.finish(job, JobState.STOPPED, now, reason="stopped by request")
+            return
+        if not job.package:
+            job.steps_lost += self.steps_since_checkpoint(job)
+            self.finish(job, JobState.FAILED, now, reason="its driver exited and it cannot be restarted")
+            return
+        if job.stop_requested == "preempt":
+            self.preempted(job, now, acknowledged=False)
+            return
+        lost = self.steps_since_checkpoint(job)
+        job.steps_lost += lost
+        job.log(
+            "driver-exited", now, status=status or "unknown", step=job.step, steps_lost=lost, was=was.value
+        )
+        self.requeue(job, now, backoff=True)
+
+    def steps_since_checkpoint(self, job: JobRecord) -> int:
+        saved = checkpoint_step(job.last_checkpoint) if job.last_checkpoint else 0
+        return max(job.step - (saved or 0), 0)
+
+    # -- back to the queue, or the end ---------------------------------------------------------
+
+    def requeue(self, job: JobRecord, now: float, backoff: bool) -> None:
+        """Back to the queue (preempted, or queued after a failed start); failed after
+        `max_failed_starts` failed starts in a row."""
+        if backoff and job.failed_starts + 1 >= self.config.max_failed_starts:
+            reason = (
+                f"its driver failed to run it {job.failed_starts + 1} times in a row; "
+                f"see `orchestrator logs {job.submission_id or submission_id(job.id, job.attempt)}`"
+            )
+            self.finish(job, JobState.FAILED, now, reason=reason)
+            return
+        state = JobState.PREEMPTED if job.stop_requested == "preempt" else JobState.QUEUED
+        job.placement, job.stop_requested, job.stop_requested_at, job.killed = {}, None, None, False
+        if backoff:
+            job.failed_starts += 1
+            wait = self.config.backoff_s * 2 ** (job.failed_starts - 1)
+            job.not_before = now + min(wait, self.config.max_backoff_s)
+        # the history line is the caller's: preempted, driver-exited, start-timeout, ...
+        self.set_state(job, state, now, quiet=True)
+
+    def finish(self, job: JobRecord, state: JobState, now: float, reason: str | None = None) -> None:
+        job.finished_at, job.reason = now, reason or job.reason
+        job.placement, job.stop_requested = {}, None
+        self.set_state(job, state, now, step=job.step, **({"reason": reason} if reason else {}))

@@ -1,0 +1,53 @@
+"""The newest metrics of the jobs that report, kept in the service's memory for the status page
+and the Prometheus exporter (the durable copy is each run's metrics log in storage)."""
+
+from __future__ import annotations
+
+import collections
+
+from core import records
+
+
+class LiveMetrics:
+    """The newest metrics records of one job, as its driver reports them."""
+
+    KEEP = 5000
+
+    def __init__(self):
+        self.records: collections.deque = collections.deque(maxlen=self.KEEP)
+        self.latest: dict | None = None
+        self.latest_eval: dict | None = None
+        self.saves: collections.deque = collections.deque(maxlen=200)
+        self.checkpoint_bytes: int | None = None
+        self.restarts = 0
+        self.ranks: dict[int, dict] = {}  # the newest record of each rank but 0
+
+    def clear(self) -> None:
+        self.records.clear()
+        self.latest = self.latest_eval = None
+        self.ranks = {}
+
+    def add(self, batch: list[dict]) -> None:
+        seen = self.records[-1].get(records.STEP, -1) if self.records else -1
+        for r in batch:
+            if r.get(records.STEP, 0) < seen:  # the driver resent what came before a rewind: keep order
+                continue
+            self.records.append(r)
+            kind = records.kind_of(r)
+            if kind == records.TRAIN:
+                self.latest = r
+            elif kind == records.EVAL:
+                self.latest_eval = r
+            if r.get(records.CHECKPOINT_SAVE_S) is not None:
+                self.saves.append(float(r[records.CHECKPOINT_SAVE_S]))
+            if r.get(records.CHECKPOINT_BYTES) is not None:
+                self.checkpoint_bytes = int(r[records.CHECKPOINT_BYTES])
+
+    def snapshot(self) -> dict:
+        return {
+            "latest": self.latest,
+            "latest_eval": self.latest_eval,
+            "ranks": [self.ranks[r] for r in sorted(self.ranks)],
+            "checkpoint_saves": list(self.saves),
+            "checkpoint_bytes": self.checkpoint_bytes,
+        }

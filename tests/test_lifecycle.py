@@ -1,0 +1,138 @@
+"""A queued job's state machine: every transition the service takes is in `core.jobs`'s table,
+and the only place that assigns a state is `Lifecycle.set_state`.
+
+The lifecycle runs here on a real store (a local pyarrow filesystem) and the real job records;
+jobs without a package and without a Ray Job need no Ray, so none is started.
+"""
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from core.jobs import TRANSITIONS, IllegalTransition, JobState, check_transition
+from core.spec import validate
+from orchestrator.scheduler.lifecycle import Lifecycle
+from orchestrator.scheduler.store import Store
+from orchestrator.scheduler.submission import new_record
+from tests.conftest import ROOT
+
+SPEC = validate(
+    {
+        "name": "job",
+        "model": {"family": "convnet", "preset": "tiny"},
+        "data": {"source": "synthetic"},
+        "train": {"steps": 100},
+    }
+)
+CONFIG = SimpleNamespace(start_deadline_s=60.0, backoff_s=1.0, max_backoff_s=8.0, max_failed_starts=3)
+
+
+class Watched(Lifecycle):
+    """The real lifecycle, noting each transition it takes."""
+
+    def __init__(self, store):
+        super().__init__(store, runner=None, config=CONFIG, generation=1)
+        self.taken: list[tuple[JobState, JobState]] = []
+
+    def set_state(self, job, state, now, *args, **kwargs):
+        before = job.state
+        super().set_state(job, state, now, *args, **kwargs)
+        self.taken.append((before, state))
+
+
+@pytest.fixture
+def life(tmp_path):
+    return Watched(Store(str(tmp_path)))
+
+
+def queued(life, job_id="job-1"):
+    job = new_record(SPEC, job_id, {}, launched_by="driver")  # a driver runs it: nothing to launch
+    life.jobs[job.id] = job
+    return job
+
+
+def test_a_preempted_job_goes_round_and_ends(life):
+    job = queued(life)
+    life.admit(job, {"node-a": 1}, now=1.0)
+    life.mark_running(job, attempt=1)
+    job.step, job.last_checkpoint = 40, "/runs/job/checkpoint_00000040"
+    life.request_stop(job, "preempt", now=2.0, by="other")
+    life.preempted(job, now=3.0, acknowledged=True)
+    assert job.state is JobState.PREEMPTED and job.preemptions == 1 and job.steps_lost == 0
+    life.admit(job, {"node-b": 1}, now=4.0)
+    life.mark_running(job, attempt=2)
+    life.request_stop(job, "preempt", now=5.0)
+    life.request_stop(job, "stop", now=5.5)  # a stop after a preemption request
+    life.finish(job, JobState.STOPPED, now=6.0, reason="stopped by request")
+    assert [e["event"] for e in job.history] == [
+        "queued",
+        "admitted",
+        "running",
+        "stop-requested",
+        "preempted",
+        "admitted",
+        "running",
+        "stop-requested",
+        "stop-requested",
+        "stopped",
+    ]
+    assert all(new in TRANSITIONS[old] for old, new in life.taken), life.taken
+    assert life.store.load(job.id).state is JobState.STOPPED  # every change is saved
+
+
+def test_failed_starts_back_off_then_fail(life):
+    job = queued(life)
+    for attempt in range(CONFIG.max_failed_starts):
+        job.not_before = 0.0
+        life.admit(job, {"node-a": 1}, now=10.0 * attempt)
+        life.start_timed_out(job, now=10.0 * attempt + 1)
+    assert job.state is JobState.FAILED and "3 times in a row" in job.reason
+    assert all(new in TRANSITIONS[old] for old, new in life.taken)
+    assert (JobState.ADMITTED, JobState.QUEUED) in life.taken
+
+
+def test_a_driver_that_dies_while_running_requeues_with_the_steps_it_lost(life):
+    job = queued(life)
+    job.package = "/store/packages/job-1"  # the service can start it again
+    job.submission_id = "job-1-a1"  # its driver runs already (a Ray Job)
+    life.admit(job, {"node-a": 1}, now=1.0)
+    life.mark_running(job, attempt=1)
+    job.step, job.last_checkpoint = 57, "/runs/job/checkpoint_00000050"
+    life.driver_gone(job, now=2.0, status="FAILED")
+    assert job.state is JobState.QUEUED and job.steps_lost == 7 and job.not_before > 2.0
+    assert job.history[-1]["event"] == "driver-exited"
+
+
+def test_the_table_refuses_what_no_path_leads_to(life):
+    job = queued(life)
+    with pytest.raises(IllegalTransition):
+        life.mark_running(job, attempt=1)  # queued -> running skips admission
+    assert job.state is JobState.QUEUED
+    for end in (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED):
+        assert TRANSITIONS[end] == frozenset()
+        with pytest.raises(IllegalTransition):
+            check_transition("x", end, JobState.QUEUED)
+
+
+def test_only_the_lifecycle_assigns_a_state():
+    """`job.state = ...` (or a tuple assignment that includes it) appears once in the control plane:
+    in Lifecycle.set_state."""
+    assignments = []
+    for path in (ROOT / "orchestrator").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    leaves = target.elts if isinstance(target, ast.Tuple) else [target]
+                    for leaf in leaves:  # `job.state = ...`, `a, job.state = ...`; not `self.state`
+                        if (
+                            isinstance(leaf, ast.Attribute)
+                            and leaf.attr == "state"
+                            and not (isinstance(leaf.value, ast.Name) and leaf.value.id == "self")
+                        ):
+                            assignments.append(f"{Path(path).relative_to(ROOT)}:{node.lineno}")
+    assert len(assignments) == 1 and assignments[0].startswith("orchestrator/scheduler/lifecycle.py"), (
+        assignments
+    )

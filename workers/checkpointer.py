@@ -1,0 +1,182 @@
+"""The training loop's checkpointer: when to save, how, and what a run resumes from.
+
+It owns the cadence (`checkpoint.every_steps`), the synchronous save and the asynchronous one
+(shards written in the background to a staging folder, published at the next save or at the
+end), resuming, and the accounting: the time training waits for saves, how many it made, the
+newest checkpoint and its step, and the newest save's time and size, which join the next
+metrics record. What it saves (model, optimizer, schedule, grad scaler, `TrainState`) it reads
+from the trainer at save time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow.fs as pafs
+
+from core import records, storage
+from core.spec import JobSpec
+from workers import checkpoint
+from workers.context import RunContext
+
+if TYPE_CHECKING:
+    from workers.trainer import Trainer
+
+log = logging.getLogger("workers")
+
+
+@dataclass
+class TrainState:
+    """What the loop carries from step to step and a checkpoint keeps."""
+
+    step: int = 0
+    best_eval_loss: float = math.inf
+    evals_without_improvement: int = 0
+    history: list[dict] = field(default_factory=list)
+
+
+def _size(uri: str) -> int | None:
+    """Bytes under a checkpoint directory (any storage); None when it cannot be listed."""
+    try:
+        fs, path = storage.resolve(uri)
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+    except Exception:  # accounting must never stop training
+        return None
+
+
+class Checkpointer:
+    def __init__(self, spec: JobSpec, ctx: RunContext, trainer: Trainer):
+        self.spec, self.ctx, self.trainer = spec, ctx, trainer
+        self.pending: checkpoint.PendingSave | None = None  # an async save being written
+        self.blocked_s, self.saves = 0.0, 0  # time training waited for saves; saves made
+        self.last_checkpoint: str | None = None
+        self.last_saved_step: int | None = None
+        self._newest_save: dict = {}  # its time and size, for the next record
+
+    def should_save(self, step: int) -> bool:
+        every = self.spec.checkpoint.every_steps
+        return bool(every) and step % every == 0
+
+    def take_save_fields(self) -> dict:
+        """The newest save's `checkpoint_save_s` and `checkpoint_bytes`, once: for the next record."""
+        fields, self._newest_save = self._newest_save, {}
+        return fields
+
+    # -- saving ------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Checkpoint the current step; the time training waits here counts in `blocked_s`."""
+        started = time.perf_counter()
+        self._save()
+        blocked = time.perf_counter() - started
+        self.blocked_s += blocked
+        self.saves += 1
+        self._newest_save[records.CHECKPOINT_SAVE_S] = blocked
+        step = self.trainer.state.step
+        if self.ctx.is_main and self.last_checkpoint and self.last_saved_step == step:
+            self._newest_save[records.CHECKPOINT_BYTES] = _size(self.last_checkpoint)
+
+    def save_final(self) -> None:
+        """The run's last step (or the step a stopped run resumes from), unless just saved."""
+        if self.last_saved_step != self.trainer.state.step:
+            self.save()
+            self.publish_pending()
+
+    def _trainer_state(self) -> dict:
+        trainer, state = self.trainer, self.trainer.state
+        return {
+            "step": state.step,
+            "seed": self.spec.train.seed,
+            "world_size": self.ctx.world_size,
+            "scheduler": trainer.scheduler.state_dict(),
+            "scaler": trainer.precision.scaler.state_dict(),
+            "best_eval_loss": state.best_eval_loss,
+            "evals_without_improvement": state.evals_without_improvement,
+            "model": json.dumps(self.spec.model.model_dump(mode="json")),  # for `orchestrator export`
+        }
+
+    def _save(self) -> None:
+        trainer, state = self.trainer, self.trainer.state
+        trainer_state = self._trainer_state()
+        last = state.history[-1] if state.history else {}
+        if self.spec.checkpoint.async_save:
+            self._publish()  # the previous one (long finished, normally)
+            self.pending = checkpoint.save_async(
+                self._staging_dir(state.step),
+                state.step,
+                trainer.model,
+                trainer.optimizer,
+                trainer_state,
+                state.history,
+                self.ctx.rank,
+                last,
+            )
+            return
+
+        def write(directory: str) -> None:
+            checkpoint.save(
+                directory, trainer.model, trainer.optimizer, trainer_state, state.history, self.ctx.rank
+            )
+
+        self.last_checkpoint = self.ctx.save_checkpoint(state.step, write, last)
+        self.last_saved_step = state.step
+
+    def _staging_dir(self, step: int) -> Path:
+        """Where async shard files are written first: next to the checkpoints when the storage
+        is a local path (publishing is then a rename), else in local temporary space."""
+        uri = self.spec.checkpoint.storage
+        run = getattr(self.ctx, "name", self.spec.name)
+        root = Path(storage.resolve(uri)[1]) if storage.is_local(uri) else Path(tempfile.gettempdir())
+        return root / ".staging" / run / f"checkpoint_{step:08d}"
+
+    def publish_pending(self) -> None:
+        """Collective: wait for the background checkpoint write and hand the checkpoint over."""
+        started = time.perf_counter()
+        self._publish()
+        self.blocked_s += time.perf_counter() - started
+
+    def _publish(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        pending.wait()
+        self.last_checkpoint = self.ctx.save_checkpoint(pending.step, pending.publish, pending.metrics)
+        self.last_saved_step = pending.step
+        shutil.rmtree(pending.staging, ignore_errors=True)
+        for empty in (pending.staging.parent, pending.staging.parent.parent):  # <run>, .staging
+            with contextlib.suppress(OSError):
+                empty.rmdir()
+
+    # -- resuming ------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        """Load the checkpoint the context names into the trainer; without one, start afresh."""
+        directory = self.ctx.resume_from()
+        if directory is None:
+            self.ctx.restore_metrics([])
+            return
+        trainer = self.trainer
+        trainer_state, history = checkpoint.load(
+            directory, trainer.model, trainer.optimizer, self.ctx.rank, self.ctx.world_size
+        )
+        trainer.scheduler.load_state_dict(trainer_state["scheduler"])
+        trainer.precision.scaler.load_state_dict(trainer_state["scaler"])
+        trainer.state = TrainState(
+            step=trainer_state["step"],
+            best_eval_loss=trainer_state["best_eval_loss"],
+            evals_without_improvement=trainer_state["evals_without_improvement"],
+            history=history,
+        )
+        self.ctx.restore_metrics(history)
+        if self.ctx.is_main:
+            log.info("resumed from %s at step %d", directory, trainer.state.step)
