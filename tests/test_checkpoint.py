@@ -140,3 +140,30 @@ def test_resume_skips_a_truncated_newest_checkpoint_and_says_so(runs, tmp_path):
     assert resumed["checkpoint"] == str(run_dir / "checkpoint_00000010") and resumed["step"] == 10
     assert resumed["skipped"][0]["checkpoint"] == "checkpoint_00000020"
     assert "truncated" in resumed["skipped"][0]["reason"]
+
+
+class _ByName:
+    """Pickles as getattr(owner, name), as some Python versions pickle enum members."""
+
+    def __init__(self, owner, name):
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return getattr, (self.owner, self.name)
+
+
+def test_metadata_enums_pickled_by_name_load_and_nothing_else_does():
+    import io
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, Metadata
+
+    from workers.checkpoint import _MetadataUnpickler
+
+    member = pickle.dumps(_ByName(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT"))
+    assert b"getattr" in member
+    loaded = _MetadataUnpickler(io.BytesIO(member)).load()
+    assert loaded is _MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT
+    escape = pickle.dumps(_ByName(Metadata, "__init__"))  # an attribute that is code
+    with pytest.raises(pickle.UnpicklingError):
+        _MetadataUnpickler(io.BytesIO(escape)).load()

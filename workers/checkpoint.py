@@ -22,6 +22,7 @@ before it is complete.
 
 from __future__ import annotations
 
+import enum
 import io
 import json
 import logging
@@ -72,7 +73,17 @@ class _MetadataUnpickler(pickle.Unpickler):
             value = getattr(torch, name, None)
             if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
                 return value
+        if (module, name) == ("builtins", "getattr"):
+            # some Python versions (Debian's 3.11.2) pickle an enum member as getattr(cls, name)
+            return _enum_member
         raise pickle.UnpicklingError(f"{module}.{name} is not part of checkpoint metadata")
+
+
+def _enum_member(cls, name: str):
+    """getattr for enum members only: any other attribute could reach code."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and name in cls.__members__:
+        return cls.__members__[name]
+    raise pickle.UnpicklingError(f"{getattr(cls, '__name__', cls)}.{name} is not part of checkpoint metadata")
 
 
 def incomplete_reason(uri: str) -> str | None:
