@@ -81,8 +81,9 @@ def run(
                     )
                     summary = Attempt(spec, run, None, display).run()
                 else:
-                    _preflight(spec, storage.join(spec.checkpoint.storage, spec.name))
-                    summary = QueuedJob(spec, service, job_id, display).run()
+                    queued = QueuedJob(spec, service, job_id, display)
+                    queued.preflight()
+                    summary = queued.run()
     except (cluster.ClusterError, service_client.ServiceError, OSError) as err:
         print(f"error: {spec.name}: {err}", file=sys.stderr, flush=True)
         return 1
@@ -306,6 +307,15 @@ class QueuedJob:
             f"{storage.join(spec.checkpoint.storage, self.run_id)}",
         )
         display.update(self.name, state="queued", total=spec.train.steps)
+
+    def preflight(self) -> None:
+        """Storage and data checks; a failure no retry can mend fails the job in the queue at
+        once, with the real reason (not a retried start)."""
+        try:
+            _preflight(self.spec, storage.join(self.spec.checkpoint.storage, self.run_id))
+        except OSError as err:
+            service_client.call(self.service.fail, self.job_id, str(err).splitlines()[0])
+            raise
 
     def run(self) -> dict:
         while True:

@@ -71,6 +71,27 @@ def test_ddp_job_checkpoints_to_storage_and_resumes(ray_head, tmp_path):
     assert train_steps(run_dir) == [5, 10, 15, 20]
 
 
+@pytest.mark.timeout(420)
+def test_a_resume_reports_the_checkpoints_step_not_the_last_logged_one(ray_head, tmp_path):
+    """Checkpoint at step 3, logged steps 4 and 6: resuming from step 3 says 3 (the log it
+    restores holds no step at all yet)."""
+    common = ["checkpoint.every_steps=3", "metrics.log_every=4"]
+    first = run(ray_head, tmp_path, "train.steps=6", *common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resume = tmp_path / "convnet-digits" / "checkpoint_00000003"
+    again = run(
+        ray_head,
+        tmp_path,
+        "train.steps=6",
+        *common,
+        f"checkpoint.resume={resume}",
+        summary=tmp_path / "s.json",
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming at step 3" in again.stdout, again.stdout[-2000:]
+    assert json.loads((tmp_path / "s.json").read_text())["resumed_from_step"] == 3
+
+
 def _read_until(process, pattern: str, lines: list, deadline: float) -> str:
     while time.time() < deadline:
         line = process.stdout.readline()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from core.metrics_log import read_metrics
-from tests.conftest import ROOT, _free_ports, run_cli
+from tests.conftest import ROOT, SERVICE_SPEC, _free_ports, run_cli
 
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
 
@@ -219,6 +219,8 @@ def _processes_of(temp_dir: str) -> list:
 
 @pytest.mark.timeout(300)
 def test_up_starts_a_local_head_with_its_dashboard_and_down_stops_all_of_it(tmp_path):
+    import psutil
+
     port, dashboard = _free_ports(2)
     env = {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "RAY_ADDRESS": ""}
     args = ["--port", str(port), "--dashboard-port", str(dashboard), "--metrics-port", "0"]
@@ -232,6 +234,15 @@ def test_up_starts_a_local_head_with_its_dashboard_and_down_stops_all_of_it(tmp_
         assert again.returncode == 0 and "orchestrator service already running" in again.stdout
         temp_dir = json.loads((tmp_path / "home" / "cluster.json").read_text())["temp_dir"]
         head = _processes_of(temp_dir)
+        # Ray's client server names neither the temp dir nor a parent (init adopts it)
+        client_server = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "ray.util.client.server" in (p.info["cmdline"] or [])
+            and any(a.startswith("--address=") and a.endswith(f":{port}") for a in p.info["cmdline"])
+        ]
+        assert client_server, "no client server found: the check below would prove nothing"
+        head += client_server
         # Ray's workers (the service actor among them) run level with Ray's own processes
         workers = [p for p in head if p.name().startswith("ray::") and "Agent" not in p.name()]
         assert workers and all(p.nice() == 0 for p in workers)
@@ -257,3 +268,35 @@ def test_the_service_process_never_loads_the_data_plane(service):
     process = info["process"]
     assert process["data_plane_modules"] == []
     assert 0 < process["rss_bytes"] < 2**30
+
+
+def test_unwritable_storage_is_refused_at_submission_and_never_retried(service, tmp_path):
+    (tmp_path / "a-file").write_text("not a directory")
+    bad = str(tmp_path / "a-file" / "runs")
+    jobs_before = set(service.store.glob("jobs/*.json"))
+    refused = service.cli(
+        "submit", SERVICE_SPEC, "--set", f"checkpoint.storage={bad}", "--set", "name=bad-store"
+    )
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("error: bad-store: checkpoint storage '") and "is not writable" in line
+    assert set(service.store.glob("jobs/*.json")) == jobs_before  # nothing queued
+
+    # past the submission check (`--no-validate`), the driver finds it: the job fails at once
+    # with that reason, and is not started again
+    through = service.cli(
+        "submit",
+        SERVICE_SPEC,
+        "--no-validate",
+        "--wait",
+        "--set",
+        f"checkpoint.storage={bad}",
+        "--set",
+        "name=bad-store-late",
+        "--set",
+        "resources.custom_per_worker.slot=1",
+    )
+    assert through.returncode == 1, through.stdout[-2000:] + through.stderr[-2000:]
+    [job] = [json.loads(p.read_text()) for p in set(service.store.glob("jobs/*.json")) - jobs_before]
+    assert job["state"] == "failed" and "is not writable" in job["reason"], job["reason"]
+    assert job["attempt"] <= 1 and [e["event"] for e in job["history"]].count("admitted") <= 1

@@ -273,7 +273,7 @@ def handle_stop(args) -> int:
     job = _queued_job(args, "stop", args.job_id, args.now)
     if job is not None:
         if job["state"] == "stopping":
-            print(f"{job['id']}: stop requested; it checkpoints at its next logging step, then stops")
+            print(f"{job['id']}: stop requested; it checkpoints within a few seconds, then stops")
         else:
             print(f"{job['id']}: {job['state']}" + (f" ({job['reason']})" if job.get("reason") else ""))
         return 0

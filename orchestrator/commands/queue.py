@@ -118,8 +118,7 @@ def handle_preempt(args) -> int:
         except client.ServiceError as err:
             raise UsageError(str(err)) from None
     print(
-        f"{job['id']}: preemption requested; it checkpoints at its next logging step and goes back to "
-        "the queue"
+        f"{job['id']}: preemption requested; it checkpoints within a few seconds and goes back to the queue"
     )
     return 0
 

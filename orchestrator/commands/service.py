@@ -208,14 +208,14 @@ def handle_down(args) -> int:
         print(f"note: {err}")
     print("orchestrator service stopped" if stopped_service else "no orchestrator service was running")
     if state.get("started_head") and not args.address:
-        count = stop_head(state["temp_dir"])
+        count = stop_head(state["temp_dir"], gcs_port=int(state["address"].rsplit(":", 1)[1]))
         print(f"stopped the local Ray head ({count} processes)")
     if not args.address or args.address == state.get("address"):
         cluster.clear_state()
     return 0
 
 
-def stop_head(temp_dir: str, timeout: float = 20.0) -> int:
+def stop_head(temp_dir: str, gcs_port: int | None = None, timeout: float = 20.0) -> int:
     """Stop the processes of the Ray head that uses `temp_dir` (and only those: `ray stop`
     would stop every Ray cluster on the machine)."""
     import psutil
@@ -223,7 +223,8 @@ def stop_head(temp_dir: str, timeout: float = 20.0) -> int:
     mine = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if proc.pid != os.getpid() and any(temp_dir in part for part in proc.info["cmdline"] or []):
+            cmdline = proc.info["cmdline"] or []
+            if proc.pid != os.getpid() and _of_this_head(cmdline, temp_dir, gcs_port):
                 mine.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -246,3 +247,14 @@ def stop_head(temp_dir: str, timeout: float = 20.0) -> int:
             pass
     shutil.rmtree(temp_dir, ignore_errors=True)
     return len(mine)
+
+
+def _of_this_head(cmdline: list[str], temp_dir: str, gcs_port: int | None) -> bool:
+    """A process of the head: its command line names the head's temp dir, or it is Ray's client
+    server for the head's GCS port (it names neither the temp dir nor a parent: `ray start`
+    leaves it to init)."""
+    if any(temp_dir in part for part in cmdline):
+        return True
+    if gcs_port is None or "ray.util.client.server" not in cmdline:
+        return False
+    return any(part.startswith("--address=") and part.endswith(f":{gcs_port}") for part in cmdline)

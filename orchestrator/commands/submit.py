@@ -93,6 +93,7 @@ def handle(args) -> int:
         from orchestrator.commands.run import load_runnable
 
         spec = load_runnable(args.spec, args.overrides)  # the one parse; bad specs fail here, exit 2
+        check_storage(spec)
         queued = submit_to_service(args, spec)
         if queued is not None:
             return queued
@@ -124,6 +125,18 @@ def handle(args) -> int:
         print(f"follow it with: orchestrator logs {job_id} --follow", file=sys.stderr)
         return 0
     return follow(client, job_id)
+
+
+def check_storage(spec: JobSpec) -> None:
+    """Refuse storage the job could not write its checkpoints to, here, where the user sees it
+    (`--no-validate` skips it: storage that only the cluster can reach)."""
+    from core import storage
+
+    try:
+        storage.check_writable(spec.checkpoint.storage)
+    except OSError as err:
+        hint = " (storage only the cluster reaches: pass --no-validate)"
+        raise UsageError(f"{spec.name}: {str(err).splitlines()[0]}{hint}") from None
 
 
 def submit_to_service(args, spec: JobSpec) -> int | None:

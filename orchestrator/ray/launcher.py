@@ -11,8 +11,8 @@
                        newest complete checkpoint
 
 `start()` runs `fit()` in a background thread and returns a `RunHandle`: the caller reads the
-run's events, asks it to stop (the workers checkpoint at their next logging step), waits for
-it, and gets its summary. Printing, exit codes and the queue are the caller's business.
+run's events, asks it to stop (the workers checkpoint at the step their next sum carries the
+request), waits for it, and gets its summary. Printing, exit codes and the queue are the caller's business.
 """
 
 from __future__ import annotations

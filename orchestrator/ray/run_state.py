@@ -135,12 +135,13 @@ class RunState:
         `resumed` says which checkpoint, and which newer ones were skipped as incomplete."""
         if not self._current(attempt):
             return
+        resumed = resumed or {}
+        # the checkpoint's own step: its log may end a few steps earlier, at the last logged one
         steps = [r["step"] for r in history if "step" in r]
-        step = max(steps) if steps else 0
+        step = resumed["step"] if resumed.get("checkpoint") else max(steps, default=0)
         if attempt == 0:
             self.resumed_from = step
         self.events.append(Rewound(list(history)))
-        resumed = resumed or {}
         self.events.append(RunStarted(attempt, step, resumed.get("checkpoint"), resumed.get("skipped") or []))
 
     def log(self, attempt: int, records: list[dict]) -> None:

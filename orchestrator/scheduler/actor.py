@@ -261,6 +261,15 @@ class OrchestratorService:
                 self.lifecycle.finish(job, JobState.FAILED, now, reason=summary.get("reason") or outcome)
             return self._view(job)
 
+    def fail(self, job_id: str, reason: str) -> dict:
+        """The driver found a problem no retry mends (storage it cannot write, data that is not
+        there): the job fails now, with that reason."""
+        with self.lock:
+            job = self._job(job_id)
+            if not job.state.is_terminal:
+                self.lifecycle.finish(job, JobState.FAILED, time.time(), reason=reason)
+            return self._view(job)
+
     # -- the CLI ------------------------------------------------------------------------------
 
     def stop(self, job_id: str, now: bool = False) -> dict:
