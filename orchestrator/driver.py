@@ -147,9 +147,9 @@ class Attempt:
         display: Display,
         queued: QueuedJob | None = None,
     ):
-        self.spec, self.run_name, self.placement, self.queued = spec, run, placement, queued
         from workers.run_log import RunLog  # the metrics log in storage (and TensorBoard's files)
 
+        self.spec, self.run_name, self.placement, self.queued = spec, run, placement, queued
         self.display, self.name = display, spec.name
         self.log = RunLog(storage.join(spec.checkpoint.storage, run), tensorboard=spec.metrics.tensorboard)
         self.last_report = 0.0

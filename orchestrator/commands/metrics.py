@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from core import records as records_
+from core.records import is_eval, is_eval_field, is_train
 from core.spec import CheckpointSpec
 
 DEFAULT_STORAGE = CheckpointSpec().storage  # the spec's default checkpoint.storage
@@ -117,7 +117,7 @@ def columns(records: list[dict]) -> list[str]:
     eval fields, time."""
     names = list(dict.fromkeys(k for r in records for k in r))
     first = [n for n in FIRST_COLUMNS if n in names]
-    evals = [n for n in names if records_.is_eval_field(n)]
+    evals = [n for n in names if is_eval_field(n)]
     rest = [n for n in names if n not in first and n not in evals and n != "time"]
     return first + rest + evals + (["time"] if "time" in names else [])
 
@@ -164,9 +164,7 @@ def print_table(name: str, records: list[dict], total: int) -> None:
     for field in fields:
         table.add_column(label(field), justify="left" if field == "time" else "right", no_wrap=True)
     for record in records:
-        table.add_row(
-            *(cell(f, record.get(f)) for f in fields), style="cyan" if records_.is_eval(record) else None
-        )
+        table.add_row(*(cell(f, record.get(f)) for f in fields), style="cyan" if is_eval(record) else None)
     # piped output: a table as wide as it needs, not cut to 80 columns
     console = Console() if sys.stdout.isatty() else Console(width=max(200, 14 * len(fields)))
     console.print(table)
@@ -214,10 +212,10 @@ def series(records: list[dict], field: str) -> tuple[list[int], list[float]]:
 
 def panels(records: list[dict]) -> list[tuple[str, list]]:
     """(title, [(label, field, style), ...]) of each panel the records have data for."""
-    train = [r for r in records if not records_.is_eval(r)]
-    evals = [r for r in records if records_.is_eval(r)]
+    train = [r for r in records if not is_eval(r)]
+    evals = [r for r in records if is_eval(r)]
     out = []
-    loss = [("train", "loss", "train")] if any(records_.is_train(r) for r in train) else []
+    loss = [("train", "loss", "train")] if any(is_train(r) for r in train) else []
     if any("eval_loss" in r for r in evals):
         loss.append(("eval", "eval_loss", "eval"))
     if loss:
@@ -240,8 +238,8 @@ def draw(name: str, records: list[dict], out: Path) -> list[str]:
     from matplotlib.figure import Figure
     from matplotlib.ticker import EngFormatter, FuncFormatter, PercentFormatter
 
-    train = [r for r in records if not records_.is_eval(r)]
-    evals = [r for r in records if records_.is_eval(r)]
+    train = [r for r in records if not is_eval(r)]
+    evals = [r for r in records if is_eval(r)]
     grid = panels(records)
     cols = {1: 1, 2: 2, 3: 3, 4: 2}.get(len(grid), 3)
     rows = math.ceil(len(grid) / cols)

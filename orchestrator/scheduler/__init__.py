@@ -10,8 +10,9 @@ Pure policy (no Ray, so it can be simulated and property-tested; `bench/schedule
 - `policy`: one scheduling pass (`Policy.schedule`), and `FifoPolicy` as a baseline.
 
 Ray side, imported on its own (never from here, so the pure modules stay importable without
-Ray): `actor.py`, the detached service actor that calls the policy and runs the jobs, and
-`store.py`, the durable job table, with the modules they use. Design notes: docs/scheduler.md.
+Ray): `actor.py`, the detached service actor and the calls it answers; `cycle.py`, its
+scheduling pass; `lifecycle.py`, every change of a job's state; `store.py`, the durable job
+table; `submission.py`, `live.py`, `runner.py`, `client.py`. Design notes: docs/scheduler.md.
 """
 
 from orchestrator.scheduler.admission import (
