@@ -4,6 +4,9 @@
         checkpoint_00000500/     one checkpoint per saved step (layout: workers/checkpoint.py)
         metrics/                 the Parquet metrics log (core/metrics_log.py)
         tensorboard/             with metrics.tensorboard, for local storage
+        checkpoint_manager_snapshot.json
+                                 Ray Train's own list of the checkpoints it registered, which
+                                 nothing of ours reads: see `forget_ray_index`
     <checkpoint.storage>/.staging/<run>/checkpoint_NNNNNNNN/
                                  async saves, before they are published (local storage)
 
@@ -17,6 +20,8 @@ import posixpath
 import re
 import time
 
+import pyarrow.fs as pafs
+
 from core import storage
 from core.spec import JobSpec
 
@@ -24,6 +29,7 @@ CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d{8})$")
 METRICS_DIR = "metrics"
 TENSORBOARD_DIR = "tensorboard"
 STAGING_DIR = ".staging"
+RAY_INDEX_FILE = "checkpoint_manager_snapshot.json"
 
 
 def run_name(spec: JobSpec, now: float | None = None) -> str:
@@ -53,3 +59,14 @@ def checkpoints(run: str) -> list[str]:
     """URIs of the checkpoint folders of a run (complete or not), oldest first."""
     names = [n for n in storage.list_dirs(run) if checkpoint_step(n) is not None]
     return [storage.join(run, n) for n in sorted(names)]
+
+
+def forget_ray_index(run: str) -> None:
+    """Remove Ray Train's list of the checkpoints it registered in a run folder, before a Ray run.
+
+    The next `fit()` reloads that list and stops before any worker starts if a checkpoint on it
+    is gone, deleted by pruning or by hand. Nothing of ours reads it (a run resumes from the
+    newest valid checkpoint in storage), so each Ray run starts without it."""
+    fs, path = storage.resolve(storage.join(run, RAY_INDEX_FILE))
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        fs.delete_file(path)

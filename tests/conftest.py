@@ -1,19 +1,13 @@
 import json
 import os
-import secrets
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.ray_cluster import RayHead, free_ports, start_ray_head, stop_ray_head  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,99 +36,9 @@ def cli():
     return run_cli
 
 
-# --- a real Ray cluster for the Ray tests: one per session, started like a user would --------
+# --- real Ray clusters (tests/ray_cluster.py): one per session, started like a user would --------
 
-
-@dataclass
-class RayHead:
-    address: str  # the cluster (GCS) address, for `orchestrator run --address`
-    dashboard: str  # the Jobs API, for `orchestrator submit` and `ray job submit`
-    env: dict  # what a client needs: token auth on, the token file, the venv on PATH
-    temp_dir: str
-    process: subprocess.Popen
-
-
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def start_ray_head(num_cpus: int = 4, resources: dict | None = None) -> RayHead:
-    """`ray start --head --block` with token auth, its own ports and a short temp dir.
-
-    Every port gets a free one so that this cluster never meets another on the machine, and
-    it is stopped by its own pid (not `ray stop`, which stops every Ray on the machine).
-    """
-    temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Unix socket paths: 107 bytes at most
-    token = os.path.join(temp_dir, "auth_token")
-    with open(token, "w") as out:
-        out.write(secrets.token_hex(32))
-    env = {
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": token,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_worker_niceness": "0",  # as the clusters the product starts (orchestrator/ray/cluster.py)
-    }
-    gcs, dash, client, agent, agent_grpc, runtime_env, metrics = _free_ports(7)
-    ray = str(Path(sys.executable).parent / "ray")
-    log = open(os.path.join(temp_dir, "head.log"), "w")
-    process = subprocess.Popen(
-        [
-            ray,
-            "start",
-            "--head",
-            "--block",
-            f"--port={gcs}",
-            f"--dashboard-port={dash}",
-            "--dashboard-host=127.0.0.1",
-            f"--ray-client-server-port={client}",
-            f"--dashboard-agent-listen-port={agent}",
-            f"--dashboard-agent-grpc-port={agent_grpc}",
-            f"--runtime-env-agent-port={runtime_env}",
-            f"--metrics-export-port={metrics}",
-            f"--temp-dir={temp_dir}/ray",
-            f"--num-cpus={num_cpus}",
-            *([f"--resources={json.dumps(resources)}"] if resources else []),
-            "--include-dashboard=true",
-            "--disable-usage-stats",
-        ],
-        env={**os.environ, **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    head = RayHead(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", env, temp_dir, process)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"ray start --head exited: {Path(temp_dir, 'head.log').read_text()}")
-        try:  # 401 means the dashboard is up and wants the token
-            urllib.request.urlopen(f"{head.dashboard}/api/version", timeout=2)
-            return head
-        except urllib.error.HTTPError:
-            return head
-        except OSError:
-            time.sleep(1)
-    stop_ray_head(head)
-    raise RuntimeError("the Ray head did not come up in 120 s")
-
-
-def stop_ray_head(head: RayHead) -> None:
-    """SIGTERM to `ray start --block` stops the processes it started; then the group, by id."""
-    if head.process.poll() is None:
-        head.process.send_signal(signal.SIGTERM)
-        try:
-            head.process.wait(5)
-        except subprocess.TimeoutExpired:  # the group we started, by its id
-            os.killpg(head.process.pid, signal.SIGKILL)
-            head.process.wait(10)
-    shutil.rmtree(head.temp_dir, ignore_errors=True)
+_free_ports = free_ports  # the name other test modules and the benches import
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -217,12 +121,21 @@ class Service:
         return self.wait(job_id, lambda j: j["state"] == "succeeded", timeout, "success")
 
 
+# The service's cluster: a head and two worker nodes, each with one `slot` (a stand-in for a GPU)
+# and CPUs of its own; a test job of 2 workers x 1 slot spans two nodes, and two never fit at once.
+SERVICE_NODES = {"head": (4, 1), "node-1": (2, 1), "node-2": (2, 1)}  # name -> (CPUs, slots)
+
+
 @pytest.fixture(scope="session")
 def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("service")
-    head = start_ray_head(num_cpus=8, resources={"slot": 3})
+    cpus, slots = SERVICE_NODES["head"]
+    head = start_ray_head(num_cpus=cpus, resources={"slot": slots})
     svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
     try:
+        for name, (cpus, slots) in SERVICE_NODES.items():
+            if name != "head":
+                head.add_node(name, cpus, {"slot": slots})
         up = svc.cli(
             "up",
             "--address",
@@ -236,6 +149,7 @@ def service(tmp_path_factory):
         )
         assert up.returncode == 0, up.stdout + up.stderr
         assert "orchestrator service up" in up.stdout and head.dashboard in up.stdout
+        assert f"{len(SERVICE_NODES)} node(s)" in up.stdout, up.stdout
         svc.page = json.loads((svc.home / "cluster.json").read_text())["status_page"]
         yield svc
     finally:

@@ -11,7 +11,8 @@ import pytest
 
 from core.spec import load_spec
 from tests.dist_suite import VIT, VIT_JOB, losses, suite
-from workers.checkpoint import CheckpointError, incomplete_reason, newest_complete
+from workers.checkpoint import CheckpointError
+from workers.checkpoint_files import incomplete_reason, newest_valid
 from workers.context import LocalContext
 from workers.trainer import train
 
@@ -100,13 +101,13 @@ def test_one_definition_of_a_complete_checkpoint(runs, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(source, run_dir)
     assert incomplete_reason(str(run_dir / "checkpoint_00000020")) is None
-    assert newest_complete(str(run_dir)) == (str(run_dir / "checkpoint_00000020"), [])
+    assert newest_valid(str(run_dir)) == (str(run_dir / "checkpoint_00000020"), [])
     shard = _truncate_a_shard(run_dir / "checkpoint_00000020")
     assert incomplete_reason(str(run_dir / "checkpoint_00000020")) == (
         f"shard {shard} is truncated ({(run_dir / 'checkpoint_00000020' / shard).stat().st_size} of "
         f"{(source / 'checkpoint_00000020' / shard).stat().st_size} bytes)"
     )
-    uri, skipped = newest_complete(str(run_dir))
+    uri, skipped = newest_valid(str(run_dir))
     assert uri == str(run_dir / "checkpoint_00000010")
     assert skipped == [
         {"checkpoint": "checkpoint_00000020", "reason": incomplete_reason(uri.replace("10", "20"))}
@@ -115,7 +116,7 @@ def test_one_definition_of_a_complete_checkpoint(runs, tmp_path):
     assert incomplete_reason(str(run_dir / "checkpoint_00000010")) == "missing rng/rank_00001.pt"
     (run_dir / "checkpoint_00000010" / "trainer.pt").write_bytes(b"partial")
     assert incomplete_reason(str(run_dir / "checkpoint_00000010")).startswith("trainer.pt is unreadable")
-    assert newest_complete(str(run_dir))[0] is None
+    assert newest_valid(str(run_dir))[0] is None
 
 
 def test_resume_skips_a_truncated_newest_checkpoint_and_says_so(runs, tmp_path):
@@ -158,7 +159,7 @@ def test_metadata_enums_pickled_by_name_load_and_nothing_else_does():
 
     from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, Metadata
 
-    from workers.checkpoint import _MetadataUnpickler
+    from workers.checkpoint_files import _MetadataUnpickler
 
     member = pickle.dumps(_ByName(_MEM_FORMAT_ENCODING, "TORCH_CONTIGUOUS_FORMAT"))
     assert b"getattr" in member

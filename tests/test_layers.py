@@ -32,7 +32,8 @@ ENTRY_POINTS = {
     "orchestrator/commands/models.py": {"workers"},  # the model registry it lists
     "orchestrator/commands/export.py": {"workers.checkpoint"},  # a checkpoint's model state
     "orchestrator/ray/launcher.py": {"workers.ray_context"},  # the Ray Train function
-    "orchestrator/driver.py": {"workers.checks", "workers.run_log"},  # preflight; the run's log
+    "orchestrator/driver.py": {"workers.checks"},  # preflight: the data is there
+    "orchestrator/attempt.py": {"workers.run_log"},  # the run's metrics log in storage
 }
 
 

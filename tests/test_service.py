@@ -2,9 +2,10 @@
 loses no step, `ray job submit` through the queue, and surviving the death of the service
 actor and of a job's driver.
 
-The cluster is a `ray start --head` of its own (token auth on) with 8 logical CPUs and a custom
-resource `slot: 3` standing in for GPUs; each test job has 2 workers of 1 slot, so two jobs
-never fit at once. Training is the digits convnet on CPUs. The tests read the service's own
+The cluster is a `ray start --head` of its own (token auth on) and two more nodes joined to it
+(tests/conftest.py's SERVICE_NODES), each with its own CPUs and one `slot`, a custom resource
+standing in for a GPU; each test job has 2 workers of 1 slot, so its gang spans two nodes and
+two jobs never fit at once. Training is the digits convnet on CPUs. The tests read the service's own
 durable job table (the JSON files in its store) to see what it decided and when.
 """
 
@@ -75,6 +76,34 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
     assert steps == list(range(5, 3001, 5))  # each step once, across the preemption
     status = service.cli("status", low)
     assert "preempted (step" in status.stdout and "steps lost: 0" in status.stdout
+
+
+@pytest.mark.timeout(400)
+def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
+    """Before the first step there is nothing to checkpoint: the start is cancelled (Ray Train's
+    controller, workers and placement group end with it), not waited out for the grace period."""
+    stopped = service.submit(name="stopped-early", steps=3000)
+    service.wait(stopped, lambda j: j["state"] == "admitted", what="admitted")
+    asked = time.time()
+    assert service.cli("stop", stopped).returncode == 0
+    job = service.wait(stopped, lambda j: j["state"] == "stopped", timeout=60, what="stopped")
+    assert "running" not in events(job)  # it was stopped while it started
+    stop_s = when(job, "stopped") - asked
+    assert stop_s < 5, f"a stop during start-up took {stop_s:.1f} s"
+    assert job["steps_lost"] == 0 and job["step"] == 0
+
+    preempted = service.submit(name="preempted-early", steps=20)
+    service.wait(preempted, lambda j: j["state"] == "admitted", what="admitted")
+    asked = time.time()
+    assert service.cli("preempt", preempted).returncode == 0
+    job = service.wait(preempted, lambda j: "preempted" in events(j), timeout=60, what="preempted")
+    back = next(e for e in job["history"] if e["event"] == "preempted")
+    assert back["acknowledged"] is True and back["steps_lost"] == 0
+    preempt_s = back["time"] - asked
+    assert preempt_s < 5, f"a preemption during start-up took {preempt_s:.1f} s"
+    done = service.done(preempted)  # admitted again and run to the end
+    assert done["attempt"] == 2 and done["step"] == 20
+    print(f"start-up: stop {stop_s:.1f} s, preemption {preempt_s:.1f} s")
 
 
 @pytest.mark.timeout(600)
@@ -199,12 +228,14 @@ def test_a_job_bigger_than_the_cluster_is_refused_at_submission(service):
         "submit",
         SPEC,
         "--set",
-        "resources.custom_per_worker.slot=2",
+        "resources.custom_per_worker.slot=1",
+        "--set",
+        "resources.num_workers=4",
         "--set",
         f"checkpoint.storage={service.runs}",
     )
     assert result.returncode == 2
-    assert "but the whole cluster has room for only 1 such worker(s)" in result.stderr
+    assert "but the whole cluster has room for only 3 such worker(s)" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -7,139 +7,53 @@ Layout of one checkpoint directory:
     rng/rank_<r>.pt       each rank's RNG states (dropout and friends)
     metrics.jsonl         the metrics log up to this step (rank 0), so a resumed run
                           neither loses nor repeats a logged step
+    manifest.json         written last (rank 0): every other file with its size and checksum
+                          (workers/checkpoint_files.py: what complete and intact mean)
 
 Model and optimizer state go through `get_state_dict`/`set_state_dict`, which give the same
 fully-qualified names for a plain model, DDP, FSDP2 (sharded DTensors), compiled blocks and
 activation-checkpointed blocks. A checkpoint therefore loads into any strategy and any
 world size: DCP reads each tensor's pieces from whichever shard files hold them.
 
-`save_async` (checkpoint.async) stages model and optimizer state into CPU memory, the only
-part that blocks training, and writes the shard files in a background thread into a staging
-directory. `PendingSave.publish` later moves them into the checkpoint directory next to the
-files written synchronously (trainer.pt, RNG, metrics): a checkpoint is never visible
-before it is complete.
+Each rank checksums the files it wrote right after writing them; rank 0 gathers the lists and
+writes the manifest. `save_async` (checkpoint.async) stages model and optimizer state into CPU
+memory, the only part that blocks training, and writes and checksums the shard files in the
+background into a staging directory. `PendingSave.publish` later moves them into the
+checkpoint directory next to the files written synchronously (trainer.pt, RNG, metrics,
+manifest): a checkpoint is never visible before it is complete.
 """
 
 from __future__ import annotations
 
-import enum
-import io
 import json
 import logging
-import pickle
-import posixpath
 import random
 import shutil
 import warnings
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.fs as pafs
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from core import storage
-from core.run_folder import checkpoint_step
+from workers.checkpoint_files import (
+    MANIFEST_FILE,
+    METADATA_FILE,
+    METRICS_FILE,
+    TRAINER_FILE,
+    damage_reason,
+    file_entries,
+    incomplete_reason,
+    write_manifest,
+)
 
 log = logging.getLogger("workers.checkpoint")
-
-TRAINER_FILE = "trainer.pt"
-METRICS_FILE = "metrics.jsonl"
-METADATA_FILE = ".metadata"
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """DCP pickles its .metadata; reading a checkpoint must never run code from it, so only
-    DCP's own metadata classes and a few plain types may be rebuilt."""
-
-    def find_class(self, module: str, name: str):
-        if module.startswith("torch.distributed.checkpoint.") or (module, name) in (
-            ("torch", "Size"),
-            ("torch.serialization", "_get_layout"),  # a layout by name
-            ("pathlib", "PosixPath"),  # where it was written
-            ("pathlib", "PurePosixPath"),
-            ("collections", "OrderedDict"),
-            ("builtins", "set"),
-            ("builtins", "frozenset"),
-        ):
-            return super().find_class(module, name)
-        if module == "torch":
-            value = getattr(torch, name, None)
-            if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
-                return value
-        if (module, name) == ("builtins", "getattr"):
-            # some Python versions (Debian's 3.11.2) pickle an enum member as getattr(cls, name)
-            return _enum_member
-        raise pickle.UnpicklingError(f"{module}.{name} is not part of checkpoint metadata")
-
-
-def _enum_member(cls, name: str):
-    """getattr for enum members only: any other attribute could reach code."""
-    if isinstance(cls, type) and issubclass(cls, enum.Enum) and name in cls.__members__:
-        return cls.__members__[name]
-    raise pickle.UnpicklingError(f"{getattr(cls, '__name__', cls)}.{name} is not part of checkpoint metadata")
-
-
-def incomplete_reason(uri: str) -> str | None:
-    """None when the checkpoint at `uri` (any storage) is complete, else why it is not.
-
-    The one definition of a complete checkpoint: its trainer state is readable, every rank's
-    RNG file is there, DCP's metadata is readable, and every shard file it names holds all
-    the bytes the metadata points into (a write killed half-way leaves a short file)."""
-    fs, path = storage.resolve(uri)
-    try:
-        with fs.open_input_stream(posixpath.join(path, TRAINER_FILE)) as src:
-            trainer_state = torch.load(io.BytesIO(src.read()), weights_only=True)
-        world_size, step = int(trainer_state["world_size"]), int(trainer_state["step"])
-    except FileNotFoundError:
-        return f"no {TRAINER_FILE}"
-    except Exception as err:  # truncated or not ours
-        return f"{TRAINER_FILE} is unreadable ({type(err).__name__})"
-    if checkpoint_step(path) not in (None, step):
-        return f"{TRAINER_FILE} is for step {step}"
-    names = {posixpath.basename(i.path): i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))}
-    missing = [f"rng/rank_{r:05d}.pt" for r in range(world_size) if f"rank_{r:05d}.pt" not in names]
-    if missing:
-        return f"missing {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
-    try:
-        with fs.open_input_stream(posixpath.join(path, METADATA_FILE)) as src:
-            metadata = _MetadataUnpickler(io.BytesIO(src.read())).load()
-    except FileNotFoundError:
-        return f"no {METADATA_FILE}"
-    except Exception as err:
-        return f"{METADATA_FILE} is unreadable ({type(err).__name__})"
-    needed: dict[str, int] = {}
-    for info in (getattr(metadata, "storage_data", None) or {}).values():
-        relative = str(info.relative_path)
-        needed[relative] = max(needed.get(relative, 0), int(info.offset) + int(info.length))
-    for relative, size in sorted(needed.items()):
-        found = names.get(posixpath.basename(relative))
-        if found is None:
-            return f"missing shard {relative}"
-        if found.size is not None and found.size < size:
-            return f"shard {relative} is truncated ({found.size} of {size} bytes)"
-    return None
-
-
-def newest_complete(run_uri: str) -> tuple[str | None, list[dict]]:
-    """(the newest complete checkpoint of a run, [{"checkpoint", "reason"}] of the newer
-    ones skipped because they are incomplete); (None, ...) when there is none."""
-    skipped = []
-    for name in sorted(storage.list_dirs(run_uri), reverse=True):
-        if checkpoint_step(name) is None:
-            continue
-        uri = storage.join(run_uri, name)
-        reason = incomplete_reason(uri)
-        if reason is None:
-            return uri, skipped
-        skipped.append({"checkpoint": name, "reason": reason})
-    return None, skipped
 
 
 class CheckpointError(RuntimeError):
@@ -182,6 +96,13 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _own_files(directory: Path, rank: int) -> list[str]:
+    """The model and optimizer files this rank wrote: DCP's file system writer names shard
+    files __<rank>_<n>.distcp, and rank 0 writes .metadata."""
+    names = sorted(path.name for path in directory.glob(f"__{rank}_*.distcp"))
+    return names + ([METADATA_FILE] if rank == 0 else [])
+
+
 def save(
     directory: str | Path,
     model: torch.nn.Module,
@@ -189,50 +110,87 @@ def save(
     trainer_state: dict,
     history: list[dict],
     rank: int,
+    checksums: bool = True,
 ) -> None:
-    """Collective: every rank calls it with the same directory (local to the rank)."""
+    """Collective: every rank calls it with the same directory (local to the rank).
+    `checksums=False` lists sizes only: the baseline bench/checkpoint_checksums.py times."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer)
     with warnings.catch_warnings():  # a single process is a fine way to save, not a warning
         warnings.filterwarnings("ignore", message=".*assuming the intent is to")
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory))
-    _write_side_files(directory, trainer_state, history, rng_state(), rank)
+    rng_file = _write_rng(directory, rng_state(), rank)
+    entries = file_entries(directory, [*_own_files(directory, rank), rng_file], checksums)
+    _finish(directory, trainer_state, history, rank, entries, checksums)
     _barrier()
 
 
-def _write_side_files(
-    directory: Path, trainer_state: dict, history: list[dict], rng: dict, rank: int
-) -> None:
+def _write_rng(directory: Path, rng: dict, rank: int) -> str:
+    name = f"rng/rank_{rank:05d}.pt"
     (directory / "rng").mkdir(parents=True, exist_ok=True)
-    torch.save(rng, directory / "rng" / f"rank_{rank:05d}.pt")
-    if rank == 0:
-        with open(directory / METRICS_FILE, "w") as out:
-            out.writelines(json.dumps(record) + "\n" for record in history)
-        torch.save(trainer_state, directory / TRAINER_FILE)  # last: marks the checkpoint complete
+    torch.save(rng, directory / name)
+    return name
 
 
-_async_group = None
+def _finish(
+    directory: Path,
+    trainer_state: dict,
+    history: list[dict],
+    rank: int,
+    entries: dict[str, dict],
+    checksums: bool = True,
+) -> None:
+    """Collective: rank 0 gathers every rank's file entries, then writes the metrics log, the
+    trainer state and, last, the manifest that makes the checkpoint complete."""
+    gathered = _gather(entries)
+    if rank != 0:
+        return
+    with open(directory / METRICS_FILE, "w") as out:
+        out.writelines(json.dumps(record) + "\n" for record in history)
+    torch.save({**trainer_state, "manifest": MANIFEST_FILE}, directory / TRAINER_FILE)
+    files = {name: entry for part in gathered for name, entry in part.items()}
+    files.update(file_entries(directory, [METRICS_FILE, TRAINER_FILE], checksums))
+    write_manifest(directory, int(trainer_state["step"]), files)
 
 
-def _checkpoint_group():
-    """A gloo group for the background writer: its collectives must not interleave with the
-    training's on the default group (and async save needs a CPU backend under NCCL)."""
-    global _async_group
+def _gather(entries: dict[str, dict]) -> list[dict[str, dict]]:
+    """Every rank's entries on rank 0 ([] elsewhere)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [entries]
+    everyone = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(entries, everyone, dst=0, group=checkpoint_group())
+    return everyone or []
+
+
+_group: tuple[object, object] | None = None  # (the default group it was made for, the group)
+_checksummer: ThreadPoolExecutor | None = None
+
+
+def checkpoint_group():
+    """A gloo group for checkpoint collectives: the background writer's must not interleave
+    with the training's on the default group, and async save and object collectives need a
+    CPU backend under NCCL. Collective the first time (per process group)."""
+    global _group
     if not dist.is_initialized():
         return None
-    if _async_group is None:
-        _async_group = dist.new_group(backend="gloo")
-    return _async_group
+    if _group is None or _group[0] is not dist.group.WORLD:
+        _group = (dist.group.WORLD, dist.new_group(backend="gloo"))
+    return _group[1]
+
+
+def _checksum_when_written(written: Future, staging: Path, rank: int) -> dict[str, dict]:
+    written.result()
+    return file_entries(staging, _own_files(staging, rank))
 
 
 @dataclass
 class PendingSave:
-    """A checkpoint whose shard files are being written in the background."""
+    """A checkpoint whose shard files are being written and checksummed in the background."""
 
     step: int
     staging: Path
-    future: Future
+    future: Future  # this rank's file entries, once its files are written and checksummed
     trainer_state: dict
     history: list[dict]
     rng: dict
@@ -243,16 +201,15 @@ class PendingSave:
         self.future.result()
 
     def publish(self, directory: str | Path) -> None:
-        """Move this rank's shard files into `directory` and write the rest (after `wait`)."""
+        """Collective: move this rank's shard files into `directory` and write the rest (after `wait`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        # DCP's file system writer names shard files __<rank>_<n>.distcp; rank 0 writes .metadata
-        mine = list(self.staging.glob(f"__{self.rank}_*.distcp"))
-        if self.rank == 0:
-            mine.append(self.staging / ".metadata")
-        for path in mine:
-            shutil.move(str(path), str(directory / path.name))  # a rename on the same file system
-        _write_side_files(directory, self.trainer_state, self.history, self.rng, self.rank)
+        entries = dict(self.future.result())
+        for name in entries:
+            shutil.move(str(self.staging / name), str(directory / name))  # a rename on the same file system
+        rng_file = _write_rng(directory, self.rng, self.rank)
+        entries.update(file_entries(directory, [rng_file]))
+        _finish(directory, self.trainer_state, self.history, self.rank, entries)
 
 
 def save_async(
@@ -265,20 +222,24 @@ def save_async(
     rank: int,
     metrics: dict,
 ) -> PendingSave:
-    """Collective: stage state into CPU memory (blocking), write it in the background."""
+    """Collective: stage state into CPU memory (blocking), write and checksum it in the background."""
+    global _checksummer
     staging = Path(staging)
     staging.mkdir(parents=True, exist_ok=True)  # ranks may share it: no one clears it here
     model_state, optim_state = get_state_dict(model, optimizer)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to")
-        future = dcp.async_save(
+        written = dcp.async_save(
             {"model": model_state, "optim": optim_state},
             checkpoint_id=str(staging),
-            process_group=_checkpoint_group(),
+            process_group=checkpoint_group(),
         )
+    if _checksummer is None:
+        _checksummer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-checksums")
+    checksummed = _checksummer.submit(_checksum_when_written, written, staging, rank)
     # RNG and metrics as of this step: they are written when the checkpoint is published
     return PendingSave(
-        step, staging, future, dict(trainer_state), list(history), rng_state(), rank, dict(metrics)
+        step, staging, checksummed, dict(trainer_state), list(history), rng_state(), rank, dict(metrics)
     )
 
 
@@ -303,8 +264,10 @@ def load(
             warnings.filterwarnings("ignore", message=".*assuming the intent is to")
             dcp.load(state, checkpoint_id=str(directory))
     except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
+        # resume checked the bytes of a checkpoint with a manifest; one without may be damaged
+        unchecked = "" if trainer_state.get("manifest") else " (or is damaged: it has no checksums to tell)"
         raise CheckpointError(
-            f"checkpoint '{directory}' does not fit this model: {_first_failure(err)}"
+            f"checkpoint '{directory}' does not fit this model{unchecked}: {_first_failure(err)}"
         ) from err
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
@@ -339,8 +302,11 @@ def read_model_state(directory: str | Path) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     directory = Path(directory)
-    if not (directory / ".metadata").exists():
+    if not (directory / METADATA_FILE).exists():
         raise CheckpointError(f"'{directory}' is not a checkpoint directory (no .metadata)")
+    damage = damage_reason(str(directory))
+    if damage is not None:
+        raise CheckpointError(f"checkpoint '{directory}' is damaged: {damage}")
     metadata = FileSystemReader(str(directory)).read_metadata()
     state = {
         key.removeprefix("model."): torch.empty(item.size, dtype=item.properties.dtype)

@@ -2,10 +2,11 @@
 
 It owns the cadence (`checkpoint.every_steps`), the synchronous save and the asynchronous one
 (shards written in the background to a staging folder, published at the next save or at the
-end), resuming, and the accounting: the time training waits for saves, how many it made, the
-newest checkpoint and its step, and the newest save's time and size, which join the next
-metrics record. What it saves (model, optimizer, schedule, grad scaler, `TrainState`) it reads
-from the trainer at save time.
+end), pruning to `checkpoint.keep` after each save (rank 0, one rule in every launcher:
+`checkpoint_files.prune`), resuming, and the accounting: the time training waits for saves,
+how many it made, the newest checkpoint and its step, and the newest save's time and size,
+which join the next metrics record. What it saves (model, optimizer, schedule, grad scaler,
+`TrainState`) it reads from the trainer at save time.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pyarrow.fs as pafs
 
 from core import records, storage
 from core.spec import JobSpec
-from workers import checkpoint
+from workers import checkpoint, checkpoint_files
 from workers.context import RunContext
 
 if TYPE_CHECKING:
@@ -62,10 +63,16 @@ class Checkpointer:
         self.last_checkpoint: str | None = None
         self.last_saved_step: int | None = None
         self._newest_save: dict = {}  # its time and size, for the next record
+        self.left: dict[str, str] = {}  # folders pruning left in place: {name: why}
 
     def should_save(self, step: int) -> bool:
         every = self.spec.checkpoint.every_steps
         return bool(every) and step % every == 0
+
+    def left_in_place(self) -> list[dict]:
+        """[{"checkpoint", "reason"}] of the folders pruning left in place (the summary's
+        `checkpoints_left`)."""
+        return [{"checkpoint": name, "reason": reason} for name, reason in sorted(self.left.items())]
 
     def take_save_fields(self) -> dict:
         """The newest save's `checkpoint_save_s` and `checkpoint_bytes`, once: for the next record."""
@@ -130,6 +137,7 @@ class Checkpointer:
 
         self.last_checkpoint = self.ctx.save_checkpoint(state.step, write, last)
         self.last_saved_step = state.step
+        self._prune(state.step)
 
     def _staging_dir(self, step: int) -> Path:
         """Where async shard files are written first: next to the checkpoints when the storage
@@ -152,10 +160,30 @@ class Checkpointer:
         pending.wait()
         self.last_checkpoint = self.ctx.save_checkpoint(pending.step, pending.publish, pending.metrics)
         self.last_saved_step = pending.step
+        self._prune(pending.step)
         shutil.rmtree(pending.staging, ignore_errors=True)
         for empty in (pending.staging.parent, pending.staging.parent.parent):  # <run>, .staging
             with contextlib.suppress(OSError):
                 empty.rmdir()
+
+    def _prune(self, step: int) -> None:
+        """Rank 0, once every rank's part of `step` is in storage: keep `checkpoint.keep`
+        complete checkpoints; name each folder left in place, once."""
+        if not self.ctx.is_main:
+            return
+        try:
+            _, left = checkpoint_files.prune(self.ctx.run_uri, self.spec.checkpoint.keep, step)
+        except Exception as err:  # storage trouble: keeping too much never stops training
+            log.warning("could not prune old checkpoints in %s: %s", self.ctx.run_uri, err)
+            return
+        for item in left:
+            if item["checkpoint"] not in self.left:
+                log.warning(
+                    "%s left in place: %s; it does not count towards checkpoint.keep",
+                    item["checkpoint"],
+                    item["reason"],
+                )
+            self.left[item["checkpoint"]] = item["reason"]
 
     # -- resuming ------------------------------------------------------------------------
 

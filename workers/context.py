@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import torch.distributed as dist
 from core import storage
 from core.run_folder import checkpoint_name, checkpoint_step, run_name
 from core.spec import JobSpec
-from workers.checkpoint import incomplete_reason, newest_complete
+from workers.checkpoint import CheckpointError, checkpoint_group
+from workers.checkpoint_files import damage_reason, has_checksums, incomplete_reason, newest_valid
 from workers.run_log import RunLog
 
 log = logging.getLogger("workers")
@@ -44,7 +46,9 @@ class RunContext:
 
     def setup(self) -> None: ...
 
-    # set by resume_from: {"checkpoint": uri, "step": n, "skipped": [...]} or None
+    run_uri: str = ""  # <checkpoint.storage>/<run>: where its checkpoints go
+    # set by resume_from: {"checkpoint": uri, "step": n, "skipped": [...], "verified": bool,
+    # "check_s": s} or None
     resumed_from: dict | None = None
 
     def resume_from(self) -> str | None:
@@ -58,7 +62,8 @@ class RunContext:
         return None
 
     def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
-        """Collective: `write(local_dir)` writes this rank's part; returns the checkpoint's URI."""
+        """Collective: `write(local_dir)` writes this rank's part; returns the checkpoint's URI
+        once every rank's part is in storage (pruning is the checkpointer's)."""
         raise NotImplementedError
 
     def log_metrics(self, record: dict) -> None:
@@ -80,15 +85,25 @@ class RunContext:
 
 
 def checkpoint_to_resume(ctx: RunContext, resume: str | None = None) -> str | None:
-    """The checkpoint a run continues from, per `resume` (default `checkpoint.resume`), noting
-    in `ctx.resumed_from` which one and why (newer ones skipped as incomplete)."""
+    """Collective: the checkpoint a run continues from, per `resume` (default
+    `checkpoint.resume`), noting in `ctx.resumed_from` which one and why (newer ones skipped as
+    incomplete or damaged). Rank 0 chooses, since checking the bytes reads the whole
+    checkpoint, and tells the others."""
     resume = resume or ctx.spec.checkpoint.resume
     if resume == "never":
         return None
+    chosen = _from_rank_0(ctx, lambda: _choose(ctx.run_uri, resume))
+    if chosen["checkpoint"] is not None or chosen["skipped"]:
+        ctx.resumed_from = chosen
+    return chosen["checkpoint"]
+
+
+def _choose(run_uri: str, resume: str) -> dict:
+    started = time.perf_counter()
     if resume == "auto":
-        uri, skipped = newest_complete(ctx.run_uri)
+        uri, skipped = newest_valid(run_uri)
         for s in skipped:
-            log.warning("skipping %s: incomplete checkpoint (%s)", s["checkpoint"], s["reason"])
+            log.warning("skipping %s: %s", s["checkpoint"], s["reason"])
     else:
         uri, skipped = resume, []
         if not storage.exists(uri):
@@ -96,9 +111,35 @@ def checkpoint_to_resume(ctx: RunContext, resume: str | None = None) -> str | No
         reason = incomplete_reason(uri)
         if reason is not None:
             raise FileNotFoundError(f"checkpoint.resume: '{uri}' is not a complete checkpoint: {reason}")
-    if uri is not None or skipped:
-        ctx.resumed_from = {"checkpoint": uri, "step": checkpoint_step(uri) if uri else 0, "skipped": skipped}
-    return uri
+        reason = damage_reason(uri)
+        if reason is not None:
+            raise CheckpointError(f"checkpoint.resume: '{uri}' is damaged: {reason}")
+    verified = uri is not None and has_checksums(uri)
+    if uri is not None and not verified:
+        log.warning("resuming from %s, saved without checksums: its bytes cannot be checked", uri)
+    return {
+        "checkpoint": uri,
+        "step": checkpoint_step(uri) if uri else 0,
+        "skipped": skipped,
+        "verified": verified,
+        "check_s": time.perf_counter() - started,  # how long finding and checking it took
+    }
+
+
+def _from_rank_0(ctx: RunContext, compute: Callable[[], dict]) -> dict:
+    """`compute()` on rank 0, its result (or its exception) on every rank."""
+    if ctx.world_size == 1 or not dist.is_initialized():
+        return compute()
+    box: list = [None]
+    if ctx.rank == 0:
+        try:
+            box[0] = compute()
+        except Exception as err:
+            box[0] = err
+    dist.broadcast_object_list(box, src=0, group=checkpoint_group())
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0]
 
 
 def pick_device(want_gpu: bool, local_rank: int) -> torch.device:
@@ -154,14 +195,7 @@ class LocalContext(RunContext):
             shutil.rmtree(local, ignore_errors=True)
         if dist.is_initialized():
             dist.barrier()
-        if self.is_main:
-            self._prune()
         return uri
-
-    def _prune(self) -> None:
-        names = sorted(n for n in storage.list_dirs(self.run_uri) if checkpoint_step(n) is not None)
-        for name in names[: -self.spec.checkpoint.keep]:
-            storage.delete_dir(storage.join(self.run_uri, name))
 
     # -- metrics --------------------------------------------------------------------
 

@@ -115,7 +115,8 @@ class RayContext(RunContext):
         local = self._tmp / name
         write(str(local))
         # every rank reports its own files; Ray merges them into one directory in storage and
-        # registers the checkpoint (and prunes to `keep`) only once all ranks have uploaded
+        # registers the checkpoint only once all ranks have uploaded. Ray deletes none
+        # (CheckpointConfig(num_to_keep=None)): the checkpointer prunes, as in every launcher
         ray.train.report(
             {"step": step, **_plain(metrics)},
             checkpoint=ray.train.Checkpoint.from_directory(str(local)),

@@ -218,6 +218,7 @@ class Trainer:
             "compile_s": rates.get("compile_s"),
             "checkpoint_blocked_s": checkpointer.blocked_s,
             "checkpoint_saves": checkpointer.saves,
+            "checkpoints_left": checkpointer.left_in_place(),
         }
         summary.update({key: extra() for key, extra in self.summary_extras.items()})
         return summary

@@ -75,6 +75,8 @@ def handle_queue(args) -> int:
 
     with required_service(args.address) as service:
         jobs = client.call(service.queue, args.all)
+        info = client.call(service.info)
+    print(cluster_line(info))
     if not jobs:
         print("the queue is empty" + ("" if args.all else " (--all lists finished jobs)"))
         return 0
@@ -107,6 +109,21 @@ def handle_queue(args) -> int:
         )
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0
+
+
+def cluster_line(info: dict) -> str:
+    """The cluster in one line: its nodes, those draining, and the newest node events."""
+    total = info["resources"]["total"]
+    shown = ", ".join(
+        f"{total[k]:g} {k}" for k in sorted(total) if k not in ("memory", "object_store_memory")
+    )
+    line = f"cluster: {info['nodes']} node(s), {shown}"
+    if info.get("draining"):
+        line += f"; draining: {', '.join(n[:8] for n in info['draining'])}"
+    recent = [e for e in info.get("node_events", []) if time.time() - e["time"] < 3600][-3:]
+    if recent:
+        line += "; " + ", ".join(f"{e['node'][:8]} {e['event']} {_ago(e['time'])} ago" for e in recent)
+    return line
 
 
 def handle_preempt(args) -> int:

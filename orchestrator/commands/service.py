@@ -62,6 +62,20 @@ def register(sub) -> None:
         metavar="S",
         help="seconds an admitted job's workers have to start before it is requeued (default 300)",
     )
+    up.add_argument(
+        "--redis",
+        metavar="HOST:PORT",
+        help="a new local head keeps the cluster's state (GCS) in this Redis, so that the head can "
+        "restart without losing its actors and jobs (Ray's GCS fault tolerance)",
+    )
+    up.add_argument(
+        "--node-loss-wait",
+        type=float,
+        default=8.0,
+        metavar="S",
+        help="seconds a failed job waits for Ray to say whether one of its nodes died, in which case "
+        "it is requeued instead of failed (default 8; Ray's health check period x threshold, plus margin)",
+    )
     up.set_defaults(handler=with_cluster_errors(handle_up))
 
     down = sub.add_parser("down", help="stop the orchestrator service (and the Ray head `up` started)")
@@ -106,7 +120,22 @@ def start_local_head(args) -> dict:
         command.append(f"--num-cpus={args.num_cpus}")
     if args.resources:
         command.append(f"--resources={args.resources}")
-    env = {cluster.WORKER_NICENESS: "0", **os.environ, "RAY_USAGE_STATS_ENABLED": "0"}  # see cluster.py
+    # Ray's GCS fault tolerance: the GCS keeps its tables in Redis and a restarted GCS (same
+    # Redis, same namespace) carries on with the cluster's nodes, actors and jobs
+    redis = (
+        {"RAY_REDIS_ADDRESS": args.redis, "RAY_external_storage_namespace": "orchestrator"}
+        if args.redis
+        else {}
+    )
+    # see cluster.py for the niceness; a node that stops answering is declared dead after
+    # 3 missed health checks 1 s apart (Ray's default: 5 x 3 s), so its jobs move on sooner
+    env = {
+        cluster.WORKER_NICENESS: "0",
+        **cluster.NODE_HEALTH_CHECK,
+        **os.environ,
+        **redis,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
     if result.returncode != 0:
         lines = [ln for ln in (result.stderr or result.stdout).splitlines() if ln.strip()]
@@ -154,6 +183,7 @@ def handle_up(args) -> int:
             "backfill": not args.no_backfill,
             "preemption": not args.no_preemption,
             "start_deadline_s": args.start_deadline,
+            "node_loss_wait_s": args.node_loss_wait,
             "web_host": args.metrics_host,
             "web_port": args.metrics_port,
         }

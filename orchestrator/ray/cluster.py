@@ -124,6 +124,12 @@ WORKER_NICENESS = "RAY_worker_niceness"
 BOOKKEEPING_NICENESS = 10
 
 
+# Ray declares a node dead after `threshold` missed health checks `period` apart (default
+# 5 x 3 s); the heads `orchestrator up` starts decide in about 3-5 s, so that the jobs of a
+# lost node are requeued that much sooner. Set on the head (the GCS reads them).
+NODE_HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+
+
 def yield_to_training() -> None:
     """Lower the calling thread, and the threads it starts from now on, to nice
     BOOKKEEPING_NICENESS (on Linux a thread's nice value is its own; never raises)."""

@@ -6,22 +6,23 @@
                        orchestrator service counted that worker on (Ray Train V2 creates the
                        placement group itself; the selectors pin its bundles)
     checkpoint      -> RunConfig(name=<run>, storage_path, storage_filesystem) and
-                       CheckpointConfig(num_to_keep=keep): checkpoints land in <storage>/<run>/
+                       CheckpointConfig(num_to_keep=None): checkpoints land in <storage>/<run>/;
+                       the workers prune them (workers/checkpoint_files.py), and Ray's own
+                       list of them is removed before each run (core/run_folder.py)
     fault_tolerance -> FailureConfig(max_failures): a failed worker group restarts from the
                        newest complete checkpoint
 
-`start()` runs `fit()` in a background thread and returns a `RunHandle`: the caller reads the
-run's events, asks it to stop (the workers checkpoint at the step their next sum carries the
-request), waits for it, and gets its summary. Printing, exit codes and the queue are the caller's business.
+`start()` runs `fit()` in an actor on the driver's node and returns a `RunHandle`: the caller
+reads the run's events, asks it to stop (the workers checkpoint at the step their next sum
+carries the request) or aborts it (the actor and all the run's processes end at once), waits
+for it, and gets its summary. Printing, exit codes and the queue are the caller's business.
 """
 
 from __future__ import annotations
 
-import threading
-
 import ray
 
-from core import storage
+from core import run_folder, storage
 from core.jobs import resources_for
 from core.spec import JobSpec
 from orchestrator.ray.run_state import Outcome, RunState
@@ -48,6 +49,7 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
     # a filesystem object carries what a bare URI cannot (endpoints, credentials from the URI's
     # query string); Ray then takes the path without its scheme
     fs, path = storage.resolve(spec.checkpoint.storage)
+    run_folder.forget_ray_index(run_folder.run_uri(spec, run))
     return TorchTrainer(
         train_worker,
         train_loop_config={"spec": spec, "run": run, "state": state},
@@ -57,10 +59,25 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
             name=run,
             storage_path=path,
             storage_filesystem=fs,
-            checkpoint_config=CheckpointConfig(num_to_keep=spec.checkpoint.keep),
+            # Ray deletes no checkpoint: the checkpointer prunes, by one rule in every launcher
+            checkpoint_config=CheckpointConfig(num_to_keep=None),
             failure_config=FailureConfig(max_failures=spec.fault_tolerance.max_failures),
         ),
     )
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class TrainingRun:
+    """Runs one `TorchTrainer.fit()`. Ray Train's controller, its workers and their placement
+    group belong to this actor (fate sharing), so killing it ends the run at once, wherever
+    it is: `RunHandle.abort`, for a stop before the first step or a node lost under the job."""
+
+    def fit(self, spec: JobSpec, run: str, state, placement: dict[str, int] | None) -> dict | None:
+        try:
+            trainer(spec, run, state, placement).fit()
+        except BaseException as err:  # reported in the summary, with the workers' own reason
+            return describe_failure(err)
+        return None
 
 
 class RunHandle:
@@ -68,32 +85,34 @@ class RunHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.spec, self.run, self.placement = spec, run, placement
-        # the run's state lives on the driver's node: losing a worker node never loses the log
-        here = ray.get_runtime_context().get_node_id()
-        self.state = RunState.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)
-        ).remote()
-        self._trainer = trainer(spec, run, self.state, placement)
-        self.failure: list[BaseException] = []
+        # the run's state and its Ray Train controller live on the driver's node: losing a
+        # worker node never loses the log, nor the run's control
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self.state = RunState.options(scheduling_strategy=here).remote()
+        self._run = TrainingRun.options(scheduling_strategy=here).remote()
+        self._result = self._run.fit.remote(spec, run, self.state, placement)
+        self._failure: dict | None = None
+        self._done = False
+        self.aborted: str | None = None  # why the run was aborted, if it was
         self._cursor = 0
-        self._thread = threading.Thread(target=self._fit, name="ray-train-fit", daemon=True)
-
-    def _fit(self) -> None:
-        try:
-            self._trainer.fit()
-        except BaseException as err:  # reported in the summary, with the workers' own reason
-            self.failure.append(err)
-
-    def start(self) -> RunHandle:
-        self._thread.start()
-        return self
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        self.join(0)
+        return not self._done
 
     def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
+        if not self._done and ray.wait([self._result], timeout=timeout)[0]:
+            self._done = True
+            try:
+                self._failure = ray.get(self._result)
+            except ray.exceptions.RayActorError:  # aborted, or the driver's node went away
+                self._failure = {"died": [], "text": self.aborted or "the run's actor died", "group": False}
+
+    @property
+    def failure(self) -> dict | None:
+        """How `fit()` failed (see `describe_failure`), or None."""
+        return self._failure
 
     def events(self, timeout: float = 30.0) -> list:
         """What happened since the last call (see run_state's event classes)."""
@@ -107,16 +126,24 @@ class RunHandle:
         """ "preempt" or "stop": the workers checkpoint at the step they next learn of it, and end."""
         self.state.request_stop.remote(reason)
 
+    def abort(self, why: str, timeout: float = 30.0) -> None:
+        """End the run now, without a checkpoint: its controller, workers and placement group go
+        with the actor that owns them."""
+        self.aborted = why
+        ray.kill(self._run, no_restart=True)
+        self.join(timeout)
+
     def outcome(self) -> Outcome:
         return ray.get(self.state.outcome.remote())
 
 
 def start(spec: JobSpec, run: str, placement: dict[str, int] | None = None) -> RunHandle:
-    return RunHandle(spec, run, placement).start()
+    return RunHandle(spec, run, placement)
 
 
-def failure_reason(err: BaseException, error: dict | None, max_failures: int) -> str:
-    """One line for a run Ray gave up on: which worker died or failed, and how."""
+def describe_failure(err: BaseException) -> dict:
+    """What the summary needs of a failed `fit()`, as plain data: the ranks that died, the
+    error's first lines, and whether Ray gave up on a worker group (out of restarts)."""
     failures = getattr(err, "worker_failures", None) or {}  # WorkerGroupError: rank -> error
     # a dead worker shows up as a failed health check wrapping the actor's death
     died = [
@@ -124,14 +151,23 @@ def failure_reason(err: BaseException, error: dict | None, max_failures: int) ->
         for rank, e in sorted(failures.items())
         if isinstance(getattr(e, "health_check_failure", e), ray.exceptions.RayActorError)
     ]
-    if died:
-        head = f"worker rank {died[0]} died (killed, out of memory or its node lost)"
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return {
+        "died": died,
+        "text": " ".join(lines[:2]) if lines else type(err).__name__,
+        "group": bool(failures),
+    }
+
+
+def failure_reason(failure: dict, error: dict | None, max_failures: int) -> str:
+    """One line for a run Ray gave up on: which worker died or failed, and how."""
+    if failure["died"]:
+        head = f"worker rank {failure['died'][0]} died (killed, out of memory or its node lost)"
     elif error:  # the failure the workers reported themselves
         head = f"rank {error['rank']}: {error['reason']}"
     else:
-        lines = [line for line in str(err).splitlines() if line.strip()]
-        head = " ".join(lines[:2]) if lines else type(err).__name__
-    if not failures:
+        head = failure["text"]
+    if not failure["group"]:
         return head
     return head + f"; no restarts left (fault_tolerance.max_failures: {max_failures})"
 
@@ -144,7 +180,7 @@ def summary(handle: RunHandle, last_step: int | None, last_checkpoint: str | Non
     if error and not error["retry"]:
         reason = f"rank {error['rank']}: {error['reason']}"
     elif handle.failure:  # Ray gave up: out of restarts, or a failure outside the training function
-        reason = failure_reason(handle.failure[0], error, spec.fault_tolerance.max_failures)
+        reason = failure_reason(handle.failure, error, spec.fault_tolerance.max_failures)
     elif result is None:
         reason = "the workers stopped without a result"
     if reason is not None and (result is None or result["status"] != "failed"):
@@ -158,4 +194,29 @@ def summary(handle: RunHandle, last_step: int | None, last_checkpoint: str | Non
             "samples_per_s": 0.0,
         }
     result.update(restarts=max(outcome.attempts - 1, 0), resumed_from_step=outcome.resumed_from)
+    if result["status"] == "failed":  # one the workers did not call final may be its node's doing
+        result["retryable"] = not (error and not error["retry"])
     return result
+
+
+def aborted_summary(
+    handle: RunHandle, status: str, last_step: int | None, last_checkpoint: str | None
+) -> dict:
+    """The summary of a run ended by `abort`: `status` is stopped or preempted (before its first
+    step) or aborted (requeued by the service)."""
+    try:
+        outcome = ray.get(handle.state.outcome.remote(), timeout=10)
+        resumed = outcome.resumed_from
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+        resumed = None
+    return {
+        "job": handle.spec.name,
+        "run": handle.run,
+        "status": status,
+        "reason": handle.aborted,
+        "steps": last_step,
+        "checkpoint": last_checkpoint,
+        "samples_per_s": 0.0,
+        "restarts": 0,
+        "resumed_from_step": resumed,
+    }

@@ -48,6 +48,7 @@ from orchestrator.scheduler.store import JobRecord, Store
 from orchestrator.scheduler.submission import new_job_id, new_record, unpack
 
 SERVICE_NAME = "orchestrator"
+HEAD_RESOURCE = "node:__internal_head__"
 NAMESPACE = "orchestrator"
 
 log = logging.getLogger("orchestrator.service")
@@ -63,6 +64,9 @@ class ServiceConfig:
     max_backoff_s: float = 600.0
     max_failed_starts: int = 3  # attempts in a row that end before training starts: then failed
     driver_timeout_s: float = 60.0  # a driver outside Ray Jobs that stops reporting is gone
+    # a failed attempt is held this long before the job fails, in case Ray declares one of its
+    # nodes dead meanwhile (then it is requeued): Ray's health check period x failure threshold
+    node_loss_wait_s: float = 8.0
     quotas: dict[str, dict[str, float]] = field(default_factory=dict)
     backfill: bool = True
     preemption: bool = True
@@ -215,8 +219,9 @@ class OrchestratorService:
         with self.lock:
             job = self._job(job_id)
             job.last_seen = time.time()
-            if attempt != job.attempt:
-                return {"stop": "stop", "reason": "a newer attempt of this job runs"}
+            if attempt != job.attempt or not job.state.holds_resources or job.unconfirmed_failure:
+                # requeued (a node of its died) or replaced: the attempt ends now, no checkpoint
+                return {"stop": "abort", "reason": f"the job is {job.state.value} (attempt {job.attempt})"}
             live = self.live.setdefault(job_id, LiveMetrics())
             if progress.get("rewound"):
                 live.clear()
@@ -245,13 +250,20 @@ class OrchestratorService:
         with self.lock:
             job = self._job(job_id)
             now = time.time()
-            if attempt != job.attempt or not job.state.holds_resources:
-                return self._view(job)  # a late report of an attempt already accounted for
             summary = summary or {}
+            if attempt != job.attempt or not job.state.holds_resources or job.unconfirmed_failure:
+                # a late report of an attempt already accounted for: it knows its last step
+                self.lifecycle.correct_node_loss(job, attempt, summary)
+                return self._view(job)
             job.summary = summary
             job.step = summary.get("steps") or job.step
             job.last_checkpoint = summary.get("checkpoint") or job.last_checkpoint
-            if outcome == "preempted":
+            lost = self.cycle.lost_nodes(job)
+            if lost:
+                self.lifecycle.node_lost(job, lost, now)
+            elif outcome == "failed" and summary.get("retryable"):
+                self.lifecycle.hold_failure(job, summary, now)
+            elif outcome == "preempted":
                 self.lifecycle.preempted(job, now, acknowledged=True)
             elif outcome == "stopped":
                 self.lifecycle.finish(job, JobState.STOPPED, now, reason=f"stopped at step {job.step}")
@@ -328,6 +340,8 @@ class OrchestratorService:
                 "dashboard": self.config.dashboard,
                 "started_at": self.started_at,
                 "nodes": len(self.nodes),
+                "draining": sorted(self.cycle.draining),
+                "node_events": list(self.cycle.node_events),
                 "jobs": counts,
                 "last_pass_s": self.last_pass_s,
                 "process": process_info(),  # the control plane never loads torch: see for yourself
@@ -414,13 +428,16 @@ def _queue_order(job: JobRecord) -> tuple:
 
 def service_options() -> dict:
     """How the service actor is created: detached and named, so it outlives the command that
-    started it and every client finds it; restarted by Ray whenever it dies; no CPU of its own."""
+    started it and every client finds it; restarted by Ray whenever it dies; no CPU of its own;
+    on the head node (Ray gives only the head `node:__internal_head__`), which outlives the
+    worker nodes, so that losing one never moves the queue."""
     return dict(
         name=SERVICE_NAME,
         namespace=NAMESPACE,
         lifetime="detached",
         get_if_exists=True,
         num_cpus=0,
+        resources={HEAD_RESOURCE: 0.001},
         max_restarts=-1,
         max_task_retries=-1,
         max_concurrency=64,

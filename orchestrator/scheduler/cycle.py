@@ -1,8 +1,9 @@
 """One scheduling pass of the service, every `tick_s`:
 
-1. read the cluster's live nodes from Ray and hand them to the policy;
-2. reconcile the job table with the Ray Jobs that run the drivers: a driver that died, workers
-   that did not start in time, a victim that did not stop within its grace period;
+1. read the cluster's live nodes from Ray's node table and hand them to the policy;
+2. reconcile the job table with the cluster: a job on a node that died goes back to its place
+   in the queue; a driver that died, workers that did not start in time, a victim that did not
+   stop within its grace period, a failed attempt held until its nodes are known alive;
 3. ask the policy (pure, `policy.py`) what to admit and whom to preempt, and act on it through
    the lifecycle, which writes every change to the store first.
 """
@@ -26,6 +27,9 @@ class SchedulingCycle:
         self.lifecycle, self.policy, self.config = lifecycle, policy, config
         self.jobs = lifecycle.jobs
         self.nodes: list[Node] = []
+        self.alive: set[str] = set()  # ids of the live nodes, from the last pass
+        self.draining: set[str] = set()  # live nodes being drained (about to go): no new work
+        self.node_events: list[dict] = []  # nodes that joined, were lost or began draining: newest 20
         self.notes: dict[str, str] = {}  # why a pending job did not start, from the last pass
 
     def run(self, now: float) -> None:
@@ -43,8 +47,23 @@ class SchedulingCycle:
                     if not k.startswith("node:") and isinstance(v, (int, float))
                 }
                 nodes.append(Node(n["NodeID"], capacity))
-        self.nodes = nodes
-        self.policy.set_nodes(nodes)
+        alive, draining = {n.id for n in nodes}, draining_nodes()
+        if self.alive:  # changes since the last pass, for `orchestrator queue` and the page
+            now = time.time()
+            for event, ids in (("joined", alive - self.alive), ("lost", self.alive - alive)):
+                self.node_events += [{"time": now, "event": event, "node": i} for i in sorted(ids)]
+            self.node_events += [
+                {"time": now, "event": "draining", "node": i} for i in sorted(draining - self.draining)
+            ]
+            self.node_events = self.node_events[-20:]
+        self.nodes, self.alive, self.draining = nodes, alive, draining
+        self.policy.set_nodes([n for n in nodes if n.id not in draining])
+
+    def lost_nodes(self, job: JobRecord) -> list[str]:
+        """The nodes of the job's placement that Ray no longer lists alive."""
+        if not self.alive:  # no node table read yet: judge nothing
+            return []
+        return sorted(n for n in job.placement if n not in self.alive)
 
     # -- reconcile -----------------------------------------------------------------------------
 
@@ -59,6 +78,19 @@ class SchedulingCycle:
         runner = self.lifecycle.runner
         statuses = runner.statuses() if any(j.submission_id for j in watched) else {}
         for job in watched:
+            lost = self.lost_nodes(job) if job.state.holds_resources else []
+            if lost:
+                self.lifecycle.node_lost(job, lost, now)
+                continue
+            drained = sorted(set(job.placement) & self.draining)
+            if drained and job.state is not JobState.STOPPING:  # checkpoint and move, before it goes
+                self.lifecycle.request_stop(
+                    job, "preempt", now, by=f"drain of {', '.join(n[:8] for n in drained)}"
+                )
+            if job.unconfirmed_failure:  # no node of its died: the failure was its own
+                if now - job.unconfirmed_failure["at"] > self.config.node_loss_wait_s:
+                    self.lifecycle.confirm_failure(job, now)
+                continue
             status, driver_gone = self._driver_status(job, statuses, now)
             if driver_gone and job.state.is_pending:
                 self._waiting_driver_gone(job, now)
@@ -113,6 +145,16 @@ class SchedulingCycle:
             self.lifecycle.admit(job, placement, now)
         for job_id in decision.preempt:
             self.lifecycle.request_stop(self.jobs[job_id], "preempt", now, by=decision.reserved_for)
+
+
+def draining_nodes() -> set[str]:
+    """Ids of the nodes Ray is draining (`ray drain-node`, or the autoscaler before it stops a
+    node or the cloud preempts it). Ray Train reads the same table for its own preemption
+    notices (ray.train.get_preemption_info); Ray offers no public call for it yet."""
+    try:
+        return set(ray._private.state.state.get_draining_nodes())
+    except Exception:  # an older or a remote cluster without it: no node is draining
+        return set()
 
 
 def request(job: JobRecord) -> JobRequest:

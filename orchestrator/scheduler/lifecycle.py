@@ -136,6 +136,46 @@ class Lifecycle:
         )
         self.requeue(job, now, backoff=True)
 
+    def node_lost(self, job: JobRecord, nodes: list[str], now: float) -> None:
+        """A node the job runs on died: back to its place in the queue (its first submission
+        time), to resume from its newest complete checkpoint on the nodes that remain."""
+        lost = self.steps_since_checkpoint(job)
+        job.steps_lost += lost
+        job.node_losses += 1
+        job.unconfirmed_failure = None
+        job.log("node-lost", now, nodes=nodes, step=job.step, steps_lost=lost, attempt=job.attempt)
+        log.warning("%s: node(s) %s died under it; requeued", job.id, ", ".join(n[:8] for n in nodes))
+        if job.stop_requested == "stop":
+            self.finish(job, JobState.STOPPED, now, reason="stopped (a node of its was lost meanwhile)")
+        else:
+            self.requeue(job, now, backoff=False)
+
+    def correct_node_loss(self, job: JobRecord, attempt: int, summary: dict) -> None:
+        """The steps a node loss cost, counted when the service noticed it from the last step
+        reported (every few seconds), made exact from the ended attempt's own summary: its
+        last step and the step of the checkpoint it would resume from."""
+        event = next(
+            (e for e in job.history if e["event"] == "node-lost" and e.get("attempt") == attempt), None
+        )
+        if event is None or summary.get("steps") is None or summary.get("checkpoint_step") is None:
+            return
+        exact = max(summary["steps"] - summary["checkpoint_step"], 0)
+        job.steps_lost += exact - event["steps_lost"]
+        event.update(step=summary["steps"], steps_lost=exact)
+        self.save(job)
+
+    def hold_failure(self, job: JobRecord, summary: dict, now: float) -> None:
+        """A failed attempt, until the service knows whether a node of its died (Ray declares
+        a node dead a few seconds after the workers on it stop answering)."""
+        job.unconfirmed_failure = {"at": now, "summary": summary}
+        job.log("attempt-failed", now, step=job.step, reason=(summary.get("reason") or "")[:300])
+        self.save(job)
+
+    def confirm_failure(self, job: JobRecord, now: float) -> None:
+        summary = job.unconfirmed_failure["summary"]
+        job.unconfirmed_failure = None
+        self.finish(job, JobState.FAILED, now, reason=summary.get("reason") or "failed")
+
     def steps_since_checkpoint(self, job: JobRecord) -> int:
         saved = checkpoint_step(job.last_checkpoint) if job.last_checkpoint else 0
         return max(job.step - (saved or 0), 0)
@@ -154,6 +194,7 @@ class Lifecycle:
             return
         state = JobState.PREEMPTED if job.stop_requested == "preempt" else JobState.QUEUED
         job.placement, job.stop_requested, job.stop_requested_at, job.killed = {}, None, None, False
+        job.unconfirmed_failure = None
         if backoff:
             job.failed_starts += 1
             wait = self.config.backoff_s * 2 ** (job.failed_starts - 1)
@@ -163,5 +204,5 @@ class Lifecycle:
 
     def finish(self, job: JobRecord, state: JobState, now: float, reason: str | None = None) -> None:
         job.finished_at, job.reason = now, reason or job.reason
-        job.placement, job.stop_requested = {}, None
+        job.placement, job.stop_requested, job.unconfirmed_failure = {}, None, None
         self.set_state(job, state, now, step=job.step, **({"reason": reason} if reason else {}))

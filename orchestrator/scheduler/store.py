@@ -69,6 +69,9 @@ class JobRecord:
     failed_starts: int = 0  # in a row: sets the backoff
     last_seen: float = 0.0  # the driver's last call
     preemptions: int = 0
+    node_losses: int = 0  # attempts ended by a node of theirs dying
+    unconfirmed_failure: dict[str, Any] | None = None  # a failed attempt's summary, held until
+    # the service knows whether one of its nodes died (then it is requeued, not failed)
     steps_lost: int = 0
     step: int = 0  # the newest step the job reported
     total_steps: int | None = None

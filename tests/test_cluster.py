@@ -1,0 +1,167 @@
+"""The service on a real multi-node Ray cluster: gangs across nodes, a node lost under a
+running job, a node that joins, a node drained before it goes.
+
+The cluster is the service's own (tests/conftest.py's SERVICE_NODES): a head and two worker
+nodes, raylets of their own on this machine, each with one `slot` standing in for a GPU. A
+node dies as a machine does: its raylet gets SIGKILL. What the tests count comes from the
+ground truth: Ray's own node and actor tables, the checkpoints and the metrics log on disk.
+"""
+
+import collections
+import os
+import subprocess
+import time
+
+import pytest
+
+from core.metrics_log import read_metrics
+from core.run_folder import checkpoint_step, checkpoints
+from tests.ray_cluster import RAY, list_actors, list_nodes
+from tests.test_service import events, when
+
+
+def alive_nodes(service) -> set[str]:
+    return {
+        n["node_id"] for n in list_nodes(service.head.dashboard, service.head.env) if n["state"] == "ALIVE"
+    }
+
+
+def train_workers(service) -> list[dict]:
+    """Ray Train's worker actors alive now, from Ray's actor table."""
+    actors = list_actors(service.head.dashboard, service.head.env, "RayTrainWorker")
+    return [a for a in actors if a["state"] == "ALIVE"]
+
+
+def slot_nodes(service) -> int:
+    nodes = list_nodes(service.head.dashboard, service.head.env)
+    return sum(1 for n in nodes if n["state"] == "ALIVE" and n["resources_total"].get("slot"))
+
+
+@pytest.mark.timeout(300)
+def test_a_gang_lands_on_exactly_the_nodes_the_service_counted(service):
+    job_id = service.submit(steps=2000, name="gang")
+    try:
+        job = service.wait(job_id, lambda j: j["state"] == "running", what="running")
+        placement = job["placement"]
+        assert len(placement) == 2, placement  # one slot per node: the gang spans two nodes
+        deadline = time.time() + 30
+        while len(workers := train_workers(service)) < 2 and time.time() < deadline:
+            time.sleep(0.5)
+        assert collections.Counter(w["node_id"] for w in workers) == placement
+        # the service itself stays on the head node, which outlives the others
+        head = next(
+            n["node_id"] for n in list_nodes(service.head.dashboard, service.head.env) if n["is_head_node"]
+        )
+        services = list_actors(service.head.dashboard, service.head.env, "OrchestratorService")
+        assert [a["node_id"] for a in services if a["state"] == "ALIVE"] == [head]
+    finally:
+        service.cli("stop", job_id, "--now")
+
+
+@pytest.mark.timeout(600)
+def test_a_node_lost_under_a_job_requeues_it_to_resume_on_the_nodes_that_remain(service):
+    a = service.submit("checkpoint.every_steps=100", steps=1000, name="node-loss")
+    waiting = service.submit(steps=30, name="bystander")  # queued behind it: no room for two
+    run_dir = service.runs / service.job(a)["run"]
+    job = service.wait(a, lambda j: j["state"] == "running" and j["step"] >= 250, what="step 250")
+    ids = {service.head.node_id_of(n): n for n in service.head.nodes if n.process.poll() is None}
+    victim = next(node_id for node_id in job["placement"] if node_id in ids)  # a worker node, not the head
+    killed_at = service.head.kill_node(ids[victim])
+    on_disk = sorted(checkpoint_step(c) for c in checkpoints(str(run_dir)))  # at the kill
+    requeued = service.wait(a, lambda j: "node-lost" in events(j), timeout=60, what="node-lost")
+    noticed_s = when(requeued, "node-lost") - killed_at
+    lost_event = next(e for e in requeued["history"] if e["event"] == "node-lost")
+    assert lost_event["nodes"] == [victim]
+    assert noticed_s < 15, f"the service noticed the lost node after {noticed_s:.1f} s"
+    queue = service.cli("queue")
+    assert f"{victim[:8]} lost" in queue.stdout, queue.stdout  # the cluster line names it
+
+    again = service.wait(a, lambda j: events(j).count("running") >= 2, timeout=180, what="running again")
+    back_s = when(again, "running", 1) - killed_at
+    assert set(again["placement"]) <= alive_nodes(service)
+    assert victim not in again["placement"]
+    # the job kept its place: the queued job behind it was never admitted meanwhile
+    assert service.job(waiting)["attempt"] == 0
+
+    done = service.done(a, timeout=300)
+    lost_event = next(e for e in done["history"] if e["event"] == "node-lost")  # made exact since
+    steps = [r["step"] for r in read_metrics(str(run_dir)) if "loss" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 1000  # every step logged once, in order
+    assert lost_event["step"] < 1000, "the job had finished training before its node died"
+    resumed = done["summary"]["resumed_from_step"]
+    assert resumed in on_disk[-2:] and resumed > 0  # the newest (complete) checkpoint
+    lost = lost_event["steps_lost"]
+    assert lost_event["step"] - lost == resumed  # lost: the steps after it
+    assert 0 <= lost <= 100 and done["steps_lost"] == lost
+    print(
+        f"node loss: noticed in {noticed_s:.1f} s, training again {back_s:.1f} s after the kill, "
+        f"{lost} steps lost (checkpoint every 100)"
+    )
+    assert service.cli("stop", waiting, "--now").returncode == 0  # it has shown what it had to
+
+
+@pytest.mark.timeout(400)
+def test_a_node_that_joins_lets_the_head_of_the_queue_start(service):
+    # fill every slot the cluster has now, then queue a one-worker job behind it
+    busy = service.submit(
+        f"resources.num_workers={slot_nodes(service)}", "data.batch_size=60", steps=3000, name="filler"
+    )
+    service.wait(busy, lambda j: j["state"] == "running", what="running")
+    queued = service.submit("resources.num_workers=1", steps=20, name="newcomer")
+    time.sleep(3)
+    assert service.job(queued)["state"] == "queued"
+    try:
+        joined_at = time.time()
+        node = service.head.add_node(f"node-{len(service.head.nodes) + 1}", 2, {"slot": 1})
+        listed_s = time.time() - joined_at
+        job = service.wait(
+            queued, lambda j: j["state"] in ("admitted", "running"), timeout=60, what="admitted"
+        )
+        admitted_s = when(job, "admitted") - joined_at
+        assert service.head.node_id_of(node) in job["placement"]
+        assert f"{service.head.node_id_of(node)[:8]} joined" in service.cli("queue").stdout
+        assert admitted_s - listed_s < 5, f"admitted {admitted_s - listed_s:.1f} s after Ray listed the node"
+        job = service.wait(queued, lambda j: "running" in events(j), timeout=120, what="running")
+        print(
+            f"node join: listed by Ray {listed_s:.1f} s after `ray start`, job admitted "
+            f"{admitted_s:.1f} s and training {when(job, 'running') - joined_at:.1f} s after it"
+        )
+        service.done(queued)
+    finally:
+        service.cli("stop", busy, "--now")
+
+
+@pytest.mark.timeout(400)
+def test_a_drained_node_gets_its_job_preempted_with_no_step_lost_before_it_goes(service):
+    job_id = service.submit("checkpoint.every_steps=1000", steps=1500, name="drained")
+    job = service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 100, what="step 100")
+    ids = {service.head.node_id_of(n): n for n in service.head.nodes if n.process.poll() is None}
+    drained = next(node_id for node_id in job["placement"] if node_id in ids)
+    try:
+        asked = time.time()
+        drain = subprocess.run(
+            [RAY, "drain-node", f"--address={service.head.address}", f"--node-id={drained}"]
+            + ["--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot reclaim"]
+            + ["--deadline-remaining-seconds=120"],
+            env={**os.environ, **service.head.env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert drain.returncode == 0, drain.stdout + drain.stderr
+        job = service.wait(job_id, lambda j: "preempted" in events(j), timeout=60, what="preempted")
+        moved = next(e for e in job["history"] if e["event"] == "preempted")
+        assert moved["acknowledged"] is True and moved["steps_lost"] == 0  # checkpointed where it stopped
+        again = service.wait(job_id, lambda j: events(j).count("running") >= 2, timeout=180, what="running")
+        assert drained not in again["placement"]  # a draining node takes no new work
+        assert f"{drained[:8]} draining" in service.cli("queue").stdout  # (Ray ends it once idle)
+        done = service.done(job_id, timeout=300)
+        assert done["steps_lost"] == 0 and done["summary"]["resumed_from_step"] == moved["step"]
+        steps = [r["step"] for r in read_metrics(str(service.runs / "drained")) if "loss" in r]
+        assert steps == sorted(set(steps)) and steps[-1] == 1500
+        print(
+            f"drain: preempted {when(job, 'preempted') - asked:.1f} s after the drain request, 0 steps lost"
+        )
+    finally:  # the node goes (Ray ends a drained node once it is idle); a new one takes its place
+        ids[drained].stop()
+        service.head.add_node(f"node-{len(service.head.nodes) + 1}", 2, {"slot": 1})
