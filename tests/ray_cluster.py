@@ -76,18 +76,7 @@ class RayNode:
         raise RuntimeError(f"node {self.name} has no raylet")
 
     def stop(self) -> None:
-        """SIGTERM to `ray start --block` (it stops what it started); then its group, by id."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
+        stop_group(self.process)
 
 
 @dataclass
@@ -288,6 +277,19 @@ def start_redis() -> Redis:
     raise RuntimeError("redis-server did not start in 30 s")
 
 
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to `ray start` (with --block it stops what it started); then SIGKILL to what is
+    left of the process group we started it in, by its id (a head without --block has no
+    leader left, but its processes keep the group)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)
+
+
 def stop_ray_head(head: RayHead) -> None:
     """Stop the worker nodes, then the head: SIGTERM to `ray start --block` stops the processes
     it started; then the group, by id."""
@@ -297,13 +299,5 @@ def stop_ray_head(head: RayHead) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
-    if head.process.poll() is None:
-        head.process.send_signal(signal.SIGTERM)
-        try:
-            head.process.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError):  # what is left of the group we started, by its id
-        os.killpg(head.process.pid, signal.SIGKILL)
-    head.process.wait(10)
+    stop_group(head.process)
     shutil.rmtree(head.temp_dir, ignore_errors=True)

@@ -163,3 +163,18 @@ def test_local_run_writes_summary_and_checkpoint(cli, tmp_path):
     assert data["eval"]["eval_accuracy"] > 0.0 and data["samples_per_s"] > 0
     assert (tmp_path / "store/convnet-digits/checkpoint_00000006/trainer.pt").exists()
     assert "[convnet-digits] step 6/6" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--address", "127.0.0.1:1", "--redis", "127.0.0.1:6380"], "--redis: the cluster at 127.0.0.1:1"),
+        (["--node-loss-wait", "-1"], "--node-loss-wait -1: must be 0 or more seconds"),
+    ],
+)
+def test_up_refuses_options_it_cannot_honour_before_touching_any_cluster(cli, tmp_path, args, words):
+    result = cli("up", *args, env={"ORCHESTRATOR_HOME": str(tmp_path), "RAY_ADDRESS": ""})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert words in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "cluster.json").exists()

@@ -159,6 +159,13 @@ def handle_up(args) -> int:
     state = {"address": address, "started_head": False}
     if address and address == recorded.get("address"):
         state = dict(recorded)  # a head an earlier `up` started stays ours to stop on `down`
+    if args.node_loss_wait < 0:
+        raise UsageError(f"--node-loss-wait {args.node_loss_wait:g}: must be 0 or more seconds")
+    if address and args.redis:
+        raise UsageError(
+            f"--redis: the cluster at {address} is already running; GCS fault tolerance is set "
+            "when its head starts (RAY_REDIS_ADDRESS on the head, see docs/cluster.md)"
+        )
     if address:
         address = cluster.driver_address(address)
     else:
