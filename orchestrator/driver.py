@@ -40,7 +40,7 @@ def run(
     tag = f"[{spec.name}]"
     try:
         address = cluster.driver_address(address)
-        needed_cpus = math.ceil(spec.resources.num_workers * spec.resources.cpus_per_worker)
+        needed_cpus = math.ceil(spec.resources.max_workers * spec.resources.cpus_per_worker)
         with cluster.connect(address, num_cpus=needed_cpus) as where:
             # after connecting: a local Ray this process starts keeps its own priority
             cluster.yield_to_training()
@@ -52,6 +52,8 @@ def run(
                 raise cluster.ClusterError(f"--job-id {job_id}: no orchestrator service on {where}")
             with Display() as display:
                 if service is None:
+                    if spec.resources.elastic:  # no service to size it: its largest size
+                        spec = spec.at_size(spec.resources.max_workers)
                     run = run_name(spec)
                     _preflight(spec, storage.join(spec.checkpoint.storage, run))
                     _check_resources(spec, local=address is None)
@@ -175,14 +177,16 @@ class QueuedJob:
             self._say_requeued(after, summary)
 
     def _attempt(self, admitted: dict) -> dict:
-        spec = self.spec
+        spec = self.spec.model_copy(deep=True)
+        if spec.resources.elastic:  # the size the service admitted it at
+            spec = spec.at_size(sum(admitted["placement"].values()))
         if self.attempt > 1:  # a later admission continues the job's own checkpoints
-            spec = spec.model_copy(deep=True)
             spec.checkpoint.resume = "auto"
+        accum = f", {spec.train.grad_accum} micro-batches per step" if self.spec.resources.elastic else ""
         self.display.event(
             self.name,
             f"admitted (attempt {self.attempt}): {spec.resources.num_workers} "
-            f"worker(s) on {len(admitted['placement'])} node(s)",
+            f"worker(s) on {len(admitted['placement'])} node(s){accum}",
         )
         self.display.update(self.name, state="admitted", note=None)
         return Attempt(spec, self.run_id, admitted["placement"], self.display, queued=self).run()

@@ -124,6 +124,7 @@ class Service:
 # The service's cluster: a head and two worker nodes, each with one `slot` (a stand-in for a GPU)
 # and CPUs of its own; a test job of 2 workers x 1 slot spans two nodes, and two never fit at once.
 SERVICE_NODES = {"head": (4, 1), "node-1": (2, 1), "node-2": (2, 1)}  # name -> (CPUs, slots)
+GROW_AFTER_S = 5.0  # an elastic job grows back soon after room frees (the product waits 120 s)
 
 
 @pytest.fixture(scope="session")
@@ -146,6 +147,8 @@ def service(tmp_path_factory):
             "120",
             "--metrics-port",
             "0",
+            "--grow-after",
+            str(GROW_AFTER_S),
         )
         assert up.returncode == 0, up.stdout + up.stderr
         assert "orchestrator service up" in up.stdout and head.dashboard in up.stdout

@@ -10,14 +10,17 @@ ground truth: Ray's own node and actor tables, the checkpoints and the metrics l
 import collections
 import os
 import subprocess
+import sys
 import time
 
 import pytest
 
 from core.metrics_log import read_metrics
 from core.run_folder import checkpoint_step, checkpoints
+from tests.conftest import ROOT, SERVICE_SPEC
 from tests.ray_cluster import RAY, list_actors, list_nodes
-from tests.test_service import events, when
+from tests.test_parallel import FP32_TOL
+from tests.test_service import events, train_steps, when
 
 
 def alive_nodes(service) -> set[str]:
@@ -165,3 +168,77 @@ def test_a_drained_node_gets_its_job_preempted_with_no_step_lost_before_it_goes(
     finally:  # the node goes (Ray ends a drained node once it is idle); a new one takes its place
         ids[drained].stop()
         service.head.add_node(f"node-{len(service.head.nodes) + 1}", 2, {"slot": 1})
+
+
+# an elastic job: 1 or 2 workers, 32 samples a micro-batch (two micro-batches a step at 1 worker);
+# a constant learning rate after warm-up, so that a run of the same job can stop at any step
+ELASTIC = [
+    "resources.num_workers={min: 1, max: 2}",
+    "scheduling.preemptible=true",
+    "scheduler.name=constant",
+    "optimizer.lr=0.0003",  # still learning when it is resized: the curves compared are not flat
+    "checkpoint.every_steps=1000000",  # only the checkpoints of the resizes and the stop
+    "train.eval_every=1000000",
+]
+PARITY_STEPS = 20  # the window of the parity tests (tests/test_parallel.py)
+
+
+def fixed_size_continuation(checkpoint: str, step: int, out) -> dict[int, float]:
+    """The job at one fixed size (one process, two micro-batches a step), resumed from
+    `checkpoint` for PARITY_STEPS steps, without the service: its losses by step."""
+    sets = [
+        *ELASTIC[1:],
+        "resources.num_workers=1",
+        "train.grad_accum=2",
+        f"train.steps={step + PARITY_STEPS}",
+    ]
+    sets += [
+        f"checkpoint.storage={out}",
+        f"checkpoint.resume={checkpoint}",
+        "name=fixed",
+        "metrics.log_every=5",
+    ]
+    args = [sys.executable, "-m", "workers.run", SERVICE_SPEC, *(a for s in sets for a in ("--set", s))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as a Ray worker with one CPU
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {
+        r["step"]: r["loss"] for r in read_metrics(str(out / "fixed")) if "loss" in r and r["step"] > step
+    }
+
+
+@pytest.mark.timeout(900)
+def test_an_elastic_job_shrinks_for_a_higher_priority_job_and_grows_back_with_no_step_lost(service, tmp_path):
+    job_id = service.submit(*ELASTIC, steps=10**6, name="elastic")  # stopped by the test
+    try:
+        job = service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 50, what="step 50")
+        assert sum(job["placement"].values()) == 2  # admitted at the largest size that fits
+        assert "2/1..2 x" in service.cli("queue").stdout
+        urgent = service.done(service.submit(name="urgent", priority=10, steps=200))
+        # nothing waits now: it grows back to 2 workers, and trains on
+        grown = service.wait(job_id, lambda j: events(j).count("running") == 3, timeout=180, what="regrown")
+        assert "2/1..2 x" in service.cli("queue").stdout
+        service.wait(job_id, lambda j: j["step"] >= grown["step"] + PARITY_STEPS + 20, what="steps")
+    finally:
+        service.cli("stop", job_id)
+    job = service.wait(job_id, lambda j: j["state"] == "stopped", what="stopped")
+    resized = [e for e in job["history"] if e["event"] == "resized"]
+    assert [(e["workers"], e["to"]) for e in resized] == [(2, 1), (1, 2)]
+    assert all(e["acknowledged"] and e["steps_lost"] == 0 for e in resized)  # checkpointed where it stopped
+    assert job["resizes"] == 2 and job["preemptions"] == 0 and job["steps_lost"] == 0
+    assert [e["workers"] for e in job["history"] if e["event"] == "admitted"] == [2, 1, 2]
+    # the urgent job started once the elastic one had shrunk; it grew back once nothing waited
+    assert resized[0]["time"] <= when(urgent, "admitted") and when(urgent, "succeeded") <= resized[1]["time"]
+    # every step once: each restart resumed at the very step it stopped at
+    steps = train_steps(service.runs / "elastic")
+    assert steps == list(range(5, steps[-1] + 1, 5)) and steps[-1] >= resized[1]["step"] + PARITY_STEPS
+    # after each resize the curve is that of a fixed-size run from the same checkpoint
+    ours = {r["step"]: r["loss"] for r in read_metrics(str(service.runs / "elastic")) if "loss" in r}
+    saved = {checkpoint_step(c): c for c in checkpoints(str(service.runs / "elastic"))}
+    for n, event in enumerate(resized):
+        fixed = fixed_size_continuation(saved[event["step"]], event["step"], tmp_path / f"fixed-{n}")
+        compared = [s for s in fixed if s in ours]  # the final step may fall between logged ones
+        assert len(compared) >= PARITY_STEPS // 5 - 1, (sorted(fixed), event)
+        assert max(abs(ours[s] - fixed[s]) / abs(fixed[s]) for s in compared) <= FP32_TOL, (ours, fixed)
+    pauses = [when(job, "running", n + 1) - when(job, "stop-requested", n) for n in range(2)]
+    print(f"elastic: stop requested -> training again: shrink {pauses[0]:.1f} s, grow {pauses[1]:.1f} s")

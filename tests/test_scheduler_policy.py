@@ -483,13 +483,13 @@ def clusters(draw):
 
 
 @st.composite
-def allocations_on(draw, nodes, max_jobs=6):
-    """Running jobs that fit the nodes together."""
+def allocations_on(draw, nodes, max_jobs=6, elastic=False):
+    """Running jobs that fit the nodes together (with `elastic`, some at one of their sizes)."""
     free = {node.id: dict(node.capacity) for node in nodes}
     out = []
     for index in range(draw(st.integers(0, max_jobs))):
-        request = draw(requests(f"r{index}"))
-        placement = place(request, free)
+        request = draw(requests(f"r{index}", elastic=elastic))
+        placement = place(request.at_size(draw(st.sampled_from(request.allowed_sizes()))), free)
         if placement is None:
             continue
         for node_id, count in placement.items():
@@ -506,26 +506,32 @@ def allocations_on(draw, nodes, max_jobs=6):
                 request.queue,
                 draw(st.none() | st.floats(0, 50)),
                 draw(st.booleans()) and draw(st.booleans()),  # a quarter are stopping
+                sizes=request.sizes,
             )
         )
     return out
 
 
 @st.composite
-def requests(draw, job_id, submitted_at=0.0):
+def requests(draw, job_id, submitted_at=0.0, elastic=False):
+    """A pending job; with `elastic`, half of them elastic (2 to 4 sizes out of 1..6 workers)."""
     per_worker = {
         ACCEL: draw(st.sampled_from([0.0, 1.0, 1.0, 2.0])),
         "cpu": draw(st.sampled_from([0.5, 1.0, 2.0])),
     }
+    sizes: tuple[int, ...] = ()
+    if elastic and draw(st.booleans()):
+        sizes = tuple(sorted(draw(st.sets(st.integers(1, 6), min_size=2, max_size=4)), reverse=True))
     return JobRequest(
         job_id,
         draw(st.integers(0, 2)),
-        draw(st.integers(1, 3)),
+        sizes[0] if sizes else draw(st.integers(1, 3)),
         per_worker,
         submitted_at,
         draw(st.booleans()),
         draw(st.sampled_from(["default", "research"])),
         None,
+        sizes=sizes,
     )
 
 
@@ -651,17 +657,17 @@ class SimJob:
         r = self.request
         est = {"exact": self.remaining, "none": None, "noisy": self.remaining * 1.7}[self.estimate]
         return JobRequest(
-            r.id, r.priority, r.workers, r.per_worker, r.submitted_at, r.preemptible, r.queue, est
+            r.id, r.priority, r.workers, r.per_worker, r.submitted_at, r.preemptible, r.queue, est, r.sizes
         )
 
 
 @st.composite
-def workloads(draw, batch=False, estimates=("exact", "none", "noisy")):
+def workloads(draw, batch=False, estimates=("exact", "none", "noisy"), elastic=False):
     nodes = draw(clusters())
     jobs = []
     for index in range(draw(st.integers(2, 12))):
         submitted = 0.0 if batch else float(draw(st.integers(0, 10)))
-        request = draw(requests(f"j{index}", submitted))
+        request = draw(requests(f"j{index}", submitted, elastic))
         jobs.append(SimJob(request, float(draw(st.integers(1, 15))), draw(st.sampled_from(estimates))))
     return nodes, jobs
 
@@ -700,7 +706,7 @@ def simulate_cluster(nodes, jobs, policy, on_decision=None):
         check_decision(policy, capacity, quotas, now, before_pending, before_running, decision)
         if on_decision:
             on_decision(now, decision, before_pending, before_running)
-        for victim in decision.preempt:
+        for victim in [*decision.preempt, *decision.resize]:  # a resize: stopped, then admitted again
             run[victim].stopping = True
             heapq.heappush(events, (now + ACK, seq, "stopped", victim, sims[victim].generation))
             seq += 1
@@ -717,6 +723,7 @@ def simulate_cluster(nodes, jobs, policy, on_decision=None):
                 request.preemptible,
                 request.queue,
                 est_end,
+                sizes=request.sizes,
             )
             sim.started, sim.generation = now, sim.generation + 1
             sim.first_start = now if sim.first_start is None else sim.first_start
@@ -740,7 +747,7 @@ def check_decision(policy, capacity, quotas, now, pending, running_now, decision
     new = []
     for job_id, placement in decision.admit:
         request = by_id[job_id]
-        assert sum(placement.values()) == request.workers and all(c > 0 for c in placement.values())
+        assert sum(placement.values()) in request.allowed_sizes() and all(c > 0 for c in placement.values())
         new.append(
             Allocation(
                 job_id,
@@ -773,11 +780,15 @@ def check_decision(policy, capacity, quotas, now, pending, running_now, decision
         for victim in decision.preempt:
             allocation = running_by_id[victim]
             assert allocation.preemptible and not allocation.stopping and allocation.priority < head.priority
+    check_resizes(policy, now, by_id, running_now, decision)
     # the job waiting for victims fits once they (and all stopping jobs) are gone, after this
     # decision's starts: nothing was placed into what is promised to it
     if decision.reserved_for is not None:
         head = by_id[decision.reserved_for]
-        released = {a.job_id for a in running_now if a.stopping} | set(decision.preempt)
+        head = head.at_size(head.allowed_sizes()[-1])  # an elastic head waits for its smallest size
+        released = (
+            {a.job_id for a in running_now if a.stopping} | set(decision.preempt) | set(decision.resize)
+        )
         free = free_capacity(
             [Node(n, c) for n, c in capacity.items()],
             [a for a in running_now if a.job_id not in released] + new,
@@ -797,7 +808,7 @@ def check_decision(policy, capacity, quotas, now, pending, running_now, decision
         for waiting in pending:
             if waiting.id in ids or queue_key(waiting) >= queue_key(started):
                 continue
-            if not book.allows(waiting) or _queue_blocked(waiting, pending, ids, book):
+            if not book.allows(smallest(waiting)) or _queue_blocked(waiting, pending, ids, book):
                 continue  # held by its queue's quota, which never holds up other queues
             assert policy.backfill, f"{job_id} passed {waiting.id} without backfill"
             assert head is not None and queue_key(head) <= queue_key(waiting)
@@ -813,9 +824,38 @@ def _queue_blocked(waiting, pending, ids, book) -> bool:
         other.queue == waiting.queue
         and other.id not in ids
         and queue_key(other) < queue_key(waiting)
-        and not book.allows(other)
+        and not book.allows(smallest(other))
         for other in pending
     )
+
+
+def smallest(request: JobRequest) -> JobRequest:
+    """An elastic job at its smallest size (what quotas and reservations judge it by)."""
+    return request.at_size(request.allowed_sizes()[-1])
+
+
+def check_resizes(policy, now, pending_by_id, running_now, decision):
+    """Resizes: running elastic jobs, to another allowed size; shrinks only for the job they make
+    room for (never alongside preemption or while jobs stop), grows only when nothing waits."""
+    running_by_id = {a.job_id: a for a in running_now}
+    assert not set(decision.resize) & set(admitted(decision)), "a job both started and resized"
+    assert not set(decision.resize) & set(decision.preempt), "a job both preempted and resized"
+    if isinstance(policy, FifoPolicy):
+        assert not decision.resize
+    for job_id, size in decision.resize.items():
+        allocation = running_by_id[job_id]
+        assert allocation.elastic and not allocation.stopping
+        assert size in allocation.sizes and size != allocation.workers
+        assert not any(a.stopping for a in running_now)
+        if size < allocation.workers:  # a shrink, for the head
+            assert policy.preemption and not decision.preempt
+            assert decision.reserved_for is not None and decision.head == decision.reserved_for
+            assert (
+                allocation.preemptible and allocation.priority < pending_by_id[decision.reserved_for].priority
+            )
+        else:  # a grow: nothing waits
+            assert decision.head is None and decision.reserved_for is None
+            assert now - allocation.started_at >= policy.grow_after_s
 
 
 mostly = st.sampled_from([True, True, True, False])

@@ -94,6 +94,19 @@ BAD_FIELDS = [
     (setter("kernels.attention", "cuda"), "kernels.attention", "'cuda' is not allowed"),
     (setter("kernels.softmax", "triton"), "kernels.softmax", "unknown field"),
     (setter("resources.num_workers", 0), "resources.num_workers", "allowed: 1 to 4096"),
+    (setter("resources.num_workers", "four"), "resources.num_workers", "a whole number, or {min: N, max: M}"),
+    (setter("resources.num_workers", {"min": 4, "max": 2}), "resources.num_workers", "min 4 is above max 2"),
+    (setter("resources.num_workers", {"min": 1}), "resources.num_workers", "exactly the keys min and max"),
+    (setter("resources.num_workers", {"min": 0, "max": 2}), "resources.num_workers", "min 0 is out of range"),
+    (
+        lambda raw: (
+            setter("resources.num_workers", {"min": 3, "max": 4})(raw),
+            setter("parallel.strategy", "ddp")(raw),
+            setter("data.batch_size", 32)(raw),
+        ),
+        "resources.num_workers",
+        "splits evenly only at 4 workers; sizes that divide max x train.grad_accum = 4: 1, 2, 4",
+    ),
     (setter("resources.gpus_per_worker", -1), "resources.gpus_per_worker", "allowed: 0 to 64"),
     (setter("checkpoint.keep", 0), "checkpoint.keep", "allowed: 1 to 1000"),
     (setter("checkpoint.every_steps", "often"), "checkpoint.every_steps", "integer"),
@@ -280,8 +293,12 @@ def test_every_number_in_the_schema_has_both_bounds():
     fields = _numeric_fields()
     assert len(fields) > 40
     for section, name, field in fields:
-        if (section, name) in (("OptimizerSpec", "betas"), ("ResourcesSpec", "custom_per_worker")):
-            continue  # a pair, a mapping: their validators bound each value (BAD_FIELDS above)
+        if (section, name) in (
+            ("OptimizerSpec", "betas"),
+            ("ResourcesSpec", "custom_per_worker"),
+            ("ResourcesSpec", "num_workers"),
+        ):
+            continue  # a pair, a mapping, a number or range: their validators bound each value
         kinds = {type(m).__name__ for m in field.metadata}
         assert kinds & {"Ge", "Gt"} and kinds & {"Le", "Lt"}, f"{section}.{name}: {kinds}"
 
@@ -346,3 +363,21 @@ def test_the_readme_shows_the_main_job_as_it_is():
                 assert whole[key] == value, f"README: {where}{key}: {value}, jobs/vit.yaml: {whole[key]}"
 
     check(shown, actual, "")
+
+
+def test_an_elastic_job_keeps_its_global_batch_and_micro_batch_at_every_size():
+    raw = yaml.safe_load((ROOT / "jobs" / "vit.yaml").read_text())
+    raw["resources"]["num_workers"] = {"min": 2, "max": 8}
+    raw["parallel"] = {"strategy": "ddp"}
+    raw["data"]["batch_size"], raw["train"]["grad_accum"] = 96, 3
+    spec = validate(raw)
+    assert spec.resources.elastic and spec.resources.size_text == "2..8"
+    assert spec.worker_sizes() == (8, 6, 4, 3, 2)  # the sizes that divide 8 x 3 micro-batches
+    for size in spec.worker_sizes():
+        sized = spec.at_size(size)
+        assert sized.resources.num_workers == size and not sized.resources.elastic
+        assert sized.data.batch_size == 96 and sized.micro_batch_size == spec.micro_batch_size == 4
+        assert size * sized.train.grad_accum * sized.micro_batch_size == 96
+    assert spec.resources.num_workers.max == 8  # sizing copies: the spec itself is unchanged
+    with pytest.raises(ValueError, match="5 is not one of"):
+        spec.at_size(5)

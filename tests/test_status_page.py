@@ -153,6 +153,8 @@ class FakeService:
                 queue="vision",
                 preemptible=True,
                 workers=4,
+                elastic=[2, 4],  # an elastic job running at 3 of 2..4 workers
+                placement={"node-8a01d3": 2, "node-51c7e0": 1},
                 per_worker={"CPU": 12, "GPU": 1},
                 submitted_at=now - 2 * 3600,
                 admitted_at=now - 2 * 3600 + 30,
@@ -377,6 +379,8 @@ class FakeService:
                 "dashboard": DASHBOARD,
                 "started_at": time.time() - 26 * 3600 - 480,
                 "nodes": 4,
+                "draining": ["51c7e0aa9d"],
+                "node_events": [{"time": time.time() - 125, "event": "joined", "node": "77be01f2c4"}],
                 "jobs": counts,
                 "resources": {
                     "total": {"CPU": 256.0, "GPU": 32.0, "memory": 2048 * 2**30, "node:10.0.0.5": 1.0},
@@ -646,6 +650,9 @@ def test_page_shows_the_queue_and_live_curves(browser, registry):
         table = browser.find_element("id", "queue").text
         for expected in ("gpt2-small-owt", "running", "preempted", "failed", "research", "8 × 1 GPU"):
             assert expected in table
+        assert "3/2..4 × 1 GPU" in table  # an elastic job: its size now and its range
+        facts = browser.find_element("id", "facts").text
+        assert "51c7e0aa draining" in facts and "77be01f2 joined 2m" in facts  # node events
         assert "loss is not finite at or before step 3100" in table  # the failed job's reason
         failed_badge = browser.find_element("css selector", '[data-job-id^="gpt-nano-char"] .badge')
         assert "s-failed" in failed_badge.get_attribute("class")

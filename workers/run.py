@@ -45,6 +45,14 @@ def run_local(spec: JobSpec, summary_path: str | None = None) -> int:
     return 0 if summary["status"] != "failed" else 1
 
 
+def sized(spec: JobSpec, workers: int, path: str) -> JobSpec:
+    """An elastic spec at torchrun's world size (same global batch, adapted accumulation)."""
+    try:
+        return spec.at_size(workers)
+    except ValueError as err:
+        raise SpecError([f"{err} (torchrun started {workers} processes)"], path) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="workers.run", description=__doc__.splitlines()[0])
     parser.add_argument("spec")
@@ -52,11 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", metavar="PATH", help="write a JSON summary here at the end")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    overrides = list(args.overrides)
-    if "WORLD_SIZE" in os.environ:  # under torchrun the process count is the worker count
-        overrides.append(f"resources.num_workers={os.environ['WORLD_SIZE']}")
+    world = os.environ.get("WORLD_SIZE")  # under torchrun the process count is the worker count
     try:
-        spec = load_spec(args.spec, overrides)
+        spec = load_spec(args.spec, args.overrides)
+        if world and spec.resources.elastic:
+            spec = sized(spec, int(world), args.spec)
+        elif world:
+            spec = load_spec(args.spec, [*args.overrides, f"resources.num_workers={world}"])
         problems = job_problems(spec)
         if problems:
             raise SpecError(problems, args.spec)

@@ -17,16 +17,26 @@ from core.spec.schema import JobSpec, field_named, section_type
 def cross_field_problems(spec: JobSpec) -> list[str]:
     """Rules that span fields and need nothing but the spec; each returns 'dotted.path: reason'."""
     problems = []
-    workers, accum, batch = spec.resources.num_workers, spec.train.grad_accum, spec.data.batch_size
+    workers, accum, batch = spec.resources.max_workers, spec.train.grad_accum, spec.data.batch_size
+    most = "resources.num_workers.max" if spec.resources.elastic else "resources.num_workers"
     if batch % (workers * accum):
         problems.append(
-            f"data.batch_size: {batch} must be divisible by resources.num_workers x train.grad_accum"
+            f"data.batch_size: {batch} must be divisible by {most} x train.grad_accum"
             f" = {workers} x {accum} = {workers * accum}"
         )
     if spec.parallel.strategy == "none" and workers > 1:
         problems.append(
-            f"parallel.strategy: 'none' trains on one worker, but resources.num_workers is {workers};"
-            " use 'ddp' or 'fsdp2'"
+            f"parallel.strategy: 'none' trains on one worker, but {most} is {workers}; use 'ddp' or 'fsdp2'"
+        )
+    if spec.resources.elastic and len(spec.worker_sizes()) < 2:
+        low, divisors = (
+            spec.resources.min_workers,
+            [n for n in range(1, workers + 1) if workers * accum % n == 0],
+        )
+        problems.append(
+            f"resources.num_workers: from min {low} to max {workers} the global batch splits evenly only at"
+            f" {workers} workers; sizes that divide max x train.grad_accum = {workers * accum}:"
+            f" {', '.join(map(str, divisors))}"
         )
     if spec.parallel.cpu_offload and spec.parallel.strategy != "fsdp2":
         problems.append("parallel.cpu_offload: only applies to parallel.strategy 'fsdp2'")

@@ -152,13 +152,50 @@ class KernelsSpec(Section):
         return self.model_dump()
 
 
+class WorkerRange(Section):
+    """An elastic job's size: the service runs it at any size from `min` to `max` workers."""
+
+    min: int = Field(ge=1, le=MAX_WORKERS)
+    max: int = Field(ge=1, le=MAX_WORKERS)
+
+
 class ResourcesSpec(Section):
-    num_workers: int = Field(1, ge=1, le=MAX_WORKERS)
+    # a number, or {min, max} for an elastic job (the global batch stays data.batch_size)
+    num_workers: int | WorkerRange = 1
     gpus_per_worker: float = Field(0.0, ge=0.0, le=64.0)
     cpus_per_worker: float = Field(1.0, gt=0.0, le=1024.0)
     # other Ray resources each worker needs, e.g. {"accelerator_type:H100": 0.001} or a custom
     # resource a node was started with
     custom_per_worker: dict[str, float] = Field(default_factory=dict, max_length=16)
+
+    @field_validator("num_workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any):
+        if isinstance(value, dict):
+            if set(value) != {"min", "max"}:
+                raise ValueError(f"an elastic size takes exactly the keys min and max, got {sorted(value)}")
+            low, high = (_worker_count(value[key], key) for key in ("min", "max"))
+            if low > high:
+                raise ValueError(f"min {low} is above max {high}")
+            return WorkerRange(min=low, max=high)
+        return value if isinstance(value, WorkerRange) else _worker_count(value, "")
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, WorkerRange)
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers.max if self.elastic else self.num_workers
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers.min if self.elastic else self.num_workers
+
+    @property
+    def size_text(self) -> str:
+        """'4', or '2..8' for an elastic job (what the CLI shows)."""
+        return f"{self.min_workers}..{self.max_workers}" if self.elastic else str(self.num_workers)
 
     @field_validator("custom_per_worker")
     @classmethod
@@ -306,8 +343,42 @@ class JobSpec(Section):
 
     @property
     def micro_batch_size(self) -> int:
-        """Samples per worker per forward pass."""
-        return self.data.batch_size // (self.resources.num_workers * self.train.grad_accum)
+        """Samples per worker per forward pass (an elastic job keeps the one of its largest size)."""
+        return self.data.batch_size // (self.resources.max_workers * self.train.grad_accum)
+
+    def worker_sizes(self) -> tuple[int, ...]:
+        """The worker counts the job may run at, largest first. An elastic job keeps its global
+        batch and its micro-batch (the memory a worker needs) at every size, so a size must
+        split `max x grad_accum` micro-batches evenly: each worker accumulates more of them."""
+        res, accum = self.resources, self.train.grad_accum
+        return tuple(
+            n for n in range(res.max_workers, res.min_workers - 1, -1) if res.max_workers * accum % n == 0
+        )
+
+    def at_size(self, workers: int) -> JobSpec:
+        """This job run by `workers` workers: the same global batch and micro-batch, with the
+        gradient accumulation that makes up the difference. The training curve is unchanged."""
+        if workers not in self.worker_sizes():
+            raise ValueError(f"resources.num_workers: {workers} is not one of {list(self.worker_sizes())}")
+        sized = self.model_copy(deep=True)
+        sized.train.grad_accum = self.train.grad_accum * self.resources.max_workers // workers
+        sized.resources.num_workers = workers
+        return sized
+
+
+def _worker_count(value: Any, key: str) -> int:
+    """A number of workers; `key` ("min", "max") names it inside an elastic size."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return _raise(
+            f"{key}: expected a whole number" if key else "expected a whole number, or {min: N, max: M}"
+        )
+    if not 1 <= value <= MAX_WORKERS:
+        _raise(f"{key} {value} is out of range" if key else "out of range", f"; allowed: 1 to {MAX_WORKERS}")
+    return value
+
+
+def _raise(*parts: str):
+    raise ValueError("".join(parts))
 
 
 # --- reading the schema (for error messages and sweep paths) ------------------------

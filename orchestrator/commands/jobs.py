@@ -13,6 +13,7 @@ import functools
 import sys
 
 from orchestrator.cli import UsageError
+from orchestrator.commands.queue import workers_text
 
 
 def ray_job_ended(status: str) -> bool:
@@ -151,11 +152,13 @@ def print_queued_job(job: dict) -> None:
         + (", preemptible" if job["preemptible"] else "")
     )
     print(
-        f"  workers:    {job['workers']} x " + ", ".join(f"{v:g} {k}" for k, v in job["per_worker"].items())
+        f"  workers:    {workers_text(job)} x "
+        + ", ".join(f"{v:g} {k}" for k, v in job["per_worker"].items())
     )
     print(
         f"  step:       {step}   attempts: {job['attempt']}   preemptions: {job['preemptions']}"
         f"   steps lost: {job['steps_lost']}"
+        + (f"   resizes: {job['resizes']}" if job.get("resizes") else "")
     )
     if job.get("last_checkpoint"):
         print(f"  checkpoint: {job['last_checkpoint']}")

@@ -57,11 +57,21 @@ def _eta(job: dict) -> str:
     return "-" if remaining is None else f"{int(remaining // 60)}m{int(remaining % 60):02d}s"
 
 
+def workers_text(job: dict) -> str:
+    """'2', or for an elastic job its size now and its range: '3/2..8' (running), '2..8' (waiting)."""
+    if not job.get("elastic"):
+        return str(job["workers"])
+    low, high = job["elastic"]
+    now = sum(job["placement"].values())
+    return f"{now}/{low}..{high}" if now else f"{low}..{high}"
+
+
 def _resources(job: dict) -> str:
     per = job["per_worker"]
-    extra = [f"{v * job['workers']:g} {k}" for k, v in per.items() if k != "CPU"]
+    held = sum(job["placement"].values()) or job["workers"]
+    extra = [f"{v * held:g} {k}" for k, v in per.items() if k != "CPU"]
     return (
-        f"{job['workers']} x "
+        f"{workers_text(job)} x "
         + ", ".join(f"{v:g} {k}" for k, v in per.items())
         + (f" ({', '.join(extra)})" if extra else "")
     )

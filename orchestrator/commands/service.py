@@ -76,6 +76,14 @@ def register(sub) -> None:
         help="seconds a failed job waits for Ray to say whether one of its nodes died, in which case "
         "it is requeued instead of failed (default 8; Ray's health check period x threshold, plus margin)",
     )
+    up.add_argument(
+        "--grow-after",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="seconds an elastic job runs at one size before it may grow into free room, so that a "
+        "restart is paid back (default 120)",
+    )
     up.set_defaults(handler=with_cluster_errors(handle_up))
 
     down = sub.add_parser("down", help="stop the orchestrator service (and the Ray head `up` started)")
@@ -159,8 +167,9 @@ def handle_up(args) -> int:
     state = {"address": address, "started_head": False}
     if address and address == recorded.get("address"):
         state = dict(recorded)  # a head an earlier `up` started stays ours to stop on `down`
-    if args.node_loss_wait < 0:
-        raise UsageError(f"--node-loss-wait {args.node_loss_wait:g}: must be 0 or more seconds")
+    for flag, value in (("--node-loss-wait", args.node_loss_wait), ("--grow-after", args.grow_after)):
+        if value < 0:
+            raise UsageError(f"{flag} {value:g}: must be 0 or more seconds")
     if address and args.redis:
         raise UsageError(
             f"--redis: the cluster at {address} is already running; GCS fault tolerance is set "
@@ -191,6 +200,7 @@ def handle_up(args) -> int:
             "preemption": not args.no_preemption,
             "start_deadline_s": args.start_deadline,
             "node_loss_wait_s": args.node_loss_wait,
+            "grow_after_s": args.grow_after,
             "web_host": args.metrics_host,
             "web_port": args.metrics_port,
         }

@@ -47,7 +47,7 @@ def handle(args) -> int:
 def describe(spec: JobSpec) -> str:
     text = (
         f"{spec.name}: {spec.model.family}/{spec.model.preset} on {spec.data.source},"
-        f" {spec.resources.num_workers} worker(s), {spec.parallel.strategy}"
+        f" {spec.resources.size_text} worker(s), {spec.parallel.strategy}"
     )
     if spec.sweep is not None:
         sweep = spec.sweep

@@ -67,6 +67,7 @@ class ServiceConfig:
     # a failed attempt is held this long before the job fails, in case Ray declares one of its
     # nodes dead meanwhile (then it is requeued): Ray's health check period x failure threshold
     node_loss_wait_s: float = 8.0
+    grow_after_s: float = 120.0  # an elastic job runs this long at one size before it may grow
     quotas: dict[str, dict[str, float]] = field(default_factory=dict)
     backfill: bool = True
     preemption: bool = True
@@ -86,7 +87,11 @@ class OrchestratorService:
         self.lifecycle = Lifecycle(store, JobRunner(self.config.dashboard), self.config, self.generation)
         self.store, self.jobs = store, self.lifecycle.jobs
         self.policy = Policy(
-            [], quotas=self.config.quotas, backfill=self.config.backfill, preemption=self.config.preemption
+            [],
+            quotas=self.config.quotas,
+            backfill=self.config.backfill,
+            preemption=self.config.preemption,
+            grow_after_s=self.config.grow_after_s,
         )
         self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config)
         self.started_at = time.time()
@@ -258,7 +263,7 @@ class OrchestratorService:
             job.summary = summary
             job.step = summary.get("steps") or job.step
             job.last_checkpoint = summary.get("checkpoint") or job.last_checkpoint
-            lost = self.cycle.lost_nodes(job)
+            lost = self.cycle.lost_nodes(job) if outcome == "failed" else []  # else every rank finished
             if lost:
                 self.lifecycle.node_lost(job, lost, now)
             elif outcome == "failed" and summary.get("retryable"):
@@ -417,6 +422,8 @@ class OrchestratorService:
             view.pop("history")
         view["note"] = self.notes.get(job.id)
         view["remaining_s"] = job.remaining_s
+        res = job.spec.resources
+        view["elastic"] = [res.min_workers, res.max_workers] if res.elastic else None
         view["submission"] = submission_id(job.id, job.attempt) if job.attempt else None
         return view
 

@@ -29,6 +29,7 @@ class SchedulingCycle:
         self.nodes: list[Node] = []
         self.alive: set[str] = set()  # ids of the live nodes, from the last pass
         self.draining: set[str] = set()  # live nodes being drained (about to go): no new work
+        self.drained_away: set[str] = set()  # nodes that went after draining (Ray ends them once idle)
         self.node_events: list[dict] = []  # nodes that joined, were lost or began draining: newest 20
         self.notes: dict[str, str] = {}  # why a pending job did not start, from the last pass
 
@@ -50,12 +51,19 @@ class SchedulingCycle:
         alive, draining = {n.id for n in nodes}, draining_nodes()
         if self.alive:  # changes since the last pass, for `orchestrator queue` and the page
             now = time.time()
-            for event, ids in (("joined", alive - self.alive), ("lost", self.alive - alive)):
+            gone = self.alive - alive
+            changes = (
+                ("joined", alive - self.alive),
+                ("left", gone & self.draining),
+                ("lost", gone - self.draining),
+            )
+            for event, ids in changes:
                 self.node_events += [{"time": now, "event": event, "node": i} for i in sorted(ids)]
             self.node_events += [
                 {"time": now, "event": "draining", "node": i} for i in sorted(draining - self.draining)
             ]
             self.node_events = self.node_events[-20:]
+        self.drained_away |= self.draining - alive
         self.nodes, self.alive, self.draining = nodes, alive, draining
         self.policy.set_nodes([n for n in nodes if n.id not in draining])
 
@@ -79,6 +87,8 @@ class SchedulingCycle:
         statuses = runner.statuses() if any(j.submission_id for j in watched) else {}
         for job in watched:
             lost = self.lost_nodes(job) if job.state.holds_resources else []
+            if lost and job.state is JobState.STOPPING and set(lost) <= self.drained_away:
+                lost = []  # its workers stopped for the drain and Ray ended the idle node: the driver reports
             if lost:
                 self.lifecycle.node_lost(job, lost, now)
                 continue
@@ -145,6 +155,14 @@ class SchedulingCycle:
             self.lifecycle.admit(job, placement, now)
         for job_id in decision.preempt:
             self.lifecycle.request_stop(self.jobs[job_id], "preempt", now, by=decision.reserved_for)
+        for job_id, size in decision.resize.items():  # checkpoint, then restart at the new size
+            job = self.jobs[job_id]
+            why = (
+                f"shrink for {decision.reserved_for}" if size < job.placement_size else "grow into free room"
+            )
+            self.lifecycle.request_stop(
+                job, "preempt", now, by=f"{why}: {job.placement_size} -> {size} workers", resize_to=size
+            )
 
 
 def draining_nodes() -> set[str]:
@@ -168,6 +186,7 @@ def request(job: JobRecord) -> JobRequest:
         job.preemptible,
         job.queue,
         job.remaining_s,
+        sizes=elastic_sizes(job),
     )
 
 
@@ -184,4 +203,10 @@ def allocation(job: JobRecord) -> Allocation:
         job.queue,
         None if remaining is None else time.time() + remaining,
         stopping=job.state is JobState.STOPPING,
+        sizes=elastic_sizes(job),
     )
+
+
+def elastic_sizes(job: JobRecord) -> tuple[int, ...]:
+    """The sizes an elastic job may run at, largest first; () for a job of one size."""
+    return job.spec.worker_sizes() if job.spec.resources.elastic else ()

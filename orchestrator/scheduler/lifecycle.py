@@ -50,7 +50,10 @@ class Lifecycle:
     def admit(self, job: JobRecord, placement: dict[str, int], now: float) -> None:
         job.attempt += 1
         job.placement, job.admitted_at, job.generation = dict(placement), now, self.generation
-        self.set_state(job, JobState.ADMITTED, now, attempt=job.attempt, nodes=len(placement), step=job.step)
+        workers, nodes = sum(placement.values()), len(placement)
+        self.set_state(
+            job, JobState.ADMITTED, now, attempt=job.attempt, workers=workers, nodes=nodes, step=job.step
+        )
         if job.submission_id is None and (job.launched_by == "service" or job.package):
             self._launch(job, now)
 
@@ -79,11 +82,14 @@ class Lifecycle:
 
     # -- stopping ------------------------------------------------------------------------------
 
-    def request_stop(self, job: JobRecord, why: str, now: float, by: str | None = None) -> None:
-        """Ask a running job to checkpoint and stop: `why` is "preempt" or "stop"."""
+    def request_stop(
+        self, job: JobRecord, why: str, now: float, by: str | None = None, resize_to: int | None = None
+    ) -> None:
+        """Ask a running job to checkpoint and stop: `why` is "preempt" or "stop". A resize is a
+        preemption with `resize_to`: the job goes back to the queue, to restart at another size."""
         if job.state is JobState.STOPPING and job.stop_requested == why:
             return
-        job.stop_requested, job.stop_requested_at = why, now
+        job.stop_requested, job.stop_requested_at, job.resize_to = why, now, resize_to
         self.set_state(
             job,
             JobState.STOPPING,
@@ -110,9 +116,17 @@ class Lifecycle:
         """A victim stopped (acknowledged: it checkpointed and said so) and goes back to the queue."""
         lost = self.steps_since_checkpoint(job)
         job.steps_lost += lost
-        job.preemptions += 1
         job.stop_requested = "preempt"
-        job.log("preempted", now, step=job.step, steps_lost=lost, acknowledged=acknowledged)
+        if job.resize_to:
+            job.resizes += 1
+            was = job.placement_size
+            detail = dict(
+                workers=was, to=job.resize_to, step=job.step, steps_lost=lost, acknowledged=acknowledged
+            )
+            job.log("resized", now, **detail)
+        else:
+            job.preemptions += 1
+            job.log("preempted", now, step=job.step, steps_lost=lost, acknowledged=acknowledged)
         self.requeue(job, now, backoff=False)
 
     def driver_gone(self, job: JobRecord, now: float, status: str | None) -> None:
@@ -194,6 +208,7 @@ class Lifecycle:
             return
         state = JobState.PREEMPTED if job.stop_requested == "preempt" else JobState.QUEUED
         job.placement, job.stop_requested, job.stop_requested_at, job.killed = {}, None, None, False
+        job.resize_to = None
         job.unconfirmed_failure = None
         if backoff:
             job.failed_starts += 1
@@ -204,5 +219,5 @@ class Lifecycle:
 
     def finish(self, job: JobRecord, state: JobState, now: float, reason: str | None = None) -> None:
         job.finished_at, job.reason = now, reason or job.reason
-        job.placement, job.stop_requested, job.unconfirmed_failure = {}, None, None
+        job.placement, job.stop_requested, job.unconfirmed_failure, job.resize_to = {}, None, None, None
         self.set_state(job, state, now, step=job.step, **({"reason": reason} if reason else {}))

@@ -8,17 +8,35 @@ or going) and applies the `Decision`. One pass:
 2. Walk the pending jobs in queue order (priority, then age, then id). A job whose queue is at
    its quota is skipped, and so is the rest of that queue (a quota never holds up other
    queues, and a queue stays FIFO). Every job that fits as a gang starts, until the first one
-   that does not: the head.
+   that does not: the head. An elastic job starts at the largest of its sizes that fits now
+   (and fits its queue's quota); only when none does, it is the head, at its smallest size.
 3. The head gets a reservation. If victims of an earlier pass are still stopping, and the head
    fits once they are gone, it waits for them (no new victims). Otherwise, with preemption on,
-   lower-priority preemptible jobs are chosen as victims when stopping them lets it fit. Else
-   its start is estimated EASY-backfill style: running jobs release their resources at their
-   estimated ends, in order, until the head fits: that is its shadow time and placement.
+   lower-priority preemptible elastic jobs are shrunk when that lets it fit (`resize`), and
+   only if shrinking cannot make room, lower-priority preemptible jobs are chosen as victims
+   when stopping them lets it fit (never some shrunk and others stopped for the same head).
+   Else its start is estimated EASY-backfill style: running jobs release their resources at
+   their estimated ends, in order, until the head fits: that is its shadow time and placement.
 4. Backfill: the next `backfill_window` jobs may start ahead of the head only if they cannot
    delay it: a job with a runtime estimate that ends before the shadow time, or that fits
    beside the head's reserved placement; a job without an estimate only if it is preemptible
    and of lower priority than the head (the head can take its resources back). Resources
-   promised to a head waiting for victims are never given to anyone else.
+   promised to a head waiting for victims are never given to anyone else, nor the room the
+   elastic ones among them need to start again beside it. An elastic job tries its sizes
+   largest first, each under these rules.
+5. Grow: when no job is left waiting (every pending job started, or can never start on the
+   cluster as it is, or waits only for its queue's quota) and no job is stopping, running
+   elastic jobs that have run at their size for `grow_after_s` grow (`resize`) to the largest
+   size that fits into their own placement plus the free resources; in queue order (priority,
+   then the longest running), each taking its share of the free room before the next.
+
+A resize is carried out as a checkpointed stop and a new admission, so the policy keeps a
+resize only when its own next pass would start the job again at no less than the new size:
+the head first, at the largest size that fits, then the resized jobs in queue order (the
+policy sees when they started, not when they were submitted, and orders them by that). It
+does not hold room for a restarting job against jobs ahead of it in the queue, or against
+new jobs while a grown job stops. Jobs that are waiting for a queue's quota do not block
+growing, but jobs of that queue do not grow: the quota goes to the waiting job first.
 """
 
 from __future__ import annotations
@@ -37,11 +55,12 @@ from orchestrator.scheduler.admission import (
     positive,
     slots,
 )
-from orchestrator.scheduler.preemption import choose_victims
+from orchestrator.scheduler.preemption import choose_shrinks, choose_victims
 from orchestrator.scheduler.queue import QuotaBook, order_pending, quota_reason
 from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node, Resources
 
 DEFAULT_BACKFILL_WINDOW = 100
+DEFAULT_GROW_AFTER_S = 120.0
 
 Shape = tuple[int, tuple[tuple[str, float], ...]]
 
@@ -49,6 +68,32 @@ Shape = tuple[int, tuple[tuple[str, float], ...]]
 def _shape(job: JobRequest) -> Shape:
     # dict order is part of the key: equal dicts in another order only miss a cache, never hit wrongly
     return (job.workers, tuple(job.per_worker.items()))
+
+
+def _sized(job: JobRequest) -> list[tuple[JobRequest, Shape]]:
+    """The job at each of its allowed sizes, largest first, with its shape (one for a fixed job)."""
+    if not job.sizes:
+        return [(job, _shape(job))]
+    return [(request, _shape(request)) for request in map(job.at_size, job.sizes)]
+
+
+def _request_of(allocation: Allocation) -> JobRequest:
+    """A running elastic job as the pending job it becomes once stopped for a resize."""
+    return JobRequest(
+        allocation.job_id,
+        allocation.priority,
+        allocation.sizes[0] if allocation.sizes else allocation.workers,
+        allocation.per_worker,
+        allocation.started_at,
+        allocation.preemptible,
+        allocation.queue,
+        sizes=allocation.sizes,
+    )
+
+
+def _return_order(allocation: Allocation) -> tuple[int, float, str]:
+    """Queue order of stopped jobs coming back: priority, then the longest running (as submitted)."""
+    return (-allocation.priority, allocation.started_at, allocation.job_id)
 
 
 def _duration(seconds: float) -> str:
@@ -136,7 +181,13 @@ class _Spare(_View):
 
 
 class Policy:
-    """Priority scheduling with gang admission, aging, EASY backfill, quotas and preemption."""
+    """Priority scheduling with gang admission, aging, EASY backfill, quotas, preemption and
+    elastic jobs (started at the largest size that fits, shrunk before anything is stopped,
+    grown into free room when nothing waits).
+
+    `grow_after_s`: how long an elastic job runs at one size before it may grow (each resize
+    costs a checkpoint and a restart); `math.inf` turns growing off.
+    """
 
     def __init__(
         self,
@@ -145,13 +196,17 @@ class Policy:
         backfill: bool = True,
         preemption: bool = True,
         backfill_window: int = DEFAULT_BACKFILL_WINDOW,
+        grow_after_s: float = DEFAULT_GROW_AFTER_S,
     ) -> None:
         if backfill_window < 0:
             raise ValueError(f"backfill_window must be >= 0, got {backfill_window}")
+        if not grow_after_s >= 0:  # NaN too
+            raise ValueError(f"grow_after_s must be >= 0, got {grow_after_s}")
         self.quotas: dict[str, dict[str, float]] = {q: dict(limits) for q, limits in (quotas or {}).items()}
         self.backfill = backfill
         self.preemption = preemption
         self.backfill_window = backfill_window
+        self.grow_after_s = grow_after_s
         self.set_nodes(nodes)
 
     def set_nodes(self, nodes: Iterable[Node]) -> None:
@@ -163,9 +218,11 @@ class Policy:
     def rejection_reason(self, job: JobRequest) -> str | None:
         """Why the job can never start here (larger than the cluster or its queue's quota), or None.
 
-        The service calls this at submission and refuses the job with the message.
+        The service calls this at submission and refuses the job with the message. An elastic
+        job is judged by its smallest size: it can start whenever that fits.
         """
-        return oversize_reason(job, self.nodes) or quota_reason(job, self.quotas)
+        smallest = job.at_size(job.allowed_sizes()[-1])
+        return oversize_reason(smallest, self.nodes) or quota_reason(smallest, self.quotas)
 
     def oversize_note(self, job: JobRequest, shape: Shape | None = None) -> str | None:
         """Why the job cannot start on the cluster as it is now, even empty; None if it can."""
@@ -205,8 +262,9 @@ class _Pass:
                 examined += 1
             if job.id in running_ids:
                 continue  # the service still lists it as pending; never start a job twice
-            shape = _shape(job)
-            note = policy.oversize_note(job, shape)
+            sized = _sized(job)  # an elastic job: each size, largest first; judged by its smallest
+            smallest, shape = sized[-1]
+            note = policy.oversize_note(smallest, shape)
             if note is not None:
                 decision.notes[job.id] = note
                 continue
@@ -215,71 +273,111 @@ class _Pass:
                     f"queue '{job.queue}' is at its quota; waiting behind job {queue_blocked_by[job.queue]}"
                 )
                 continue
-            if not self.quotas.allows(job):
-                decision.notes[job.id] = self.quotas.note(job)
+            if not self.quotas.allows(smallest):
+                decision.notes[job.id] = self.quotas.note(smallest)
                 queue_blocked_by[job.queue] = job.id
                 continue
+            if len(sized) > 1:
+                sized = [item for item in sized if self.quotas.allows(item[0])]
 
             if self.reservation is None:
-                placement = self.free.place(job, shape)
-                if placement is not None:
-                    self._start(job, placement)
+                for request, request_shape in sized:
+                    placement = self.free.place(request, request_shape)
+                    if placement is not None:
+                        self._start(job, request, placement)
+                        break
                 else:
-                    self._reserve(job)
+                    self._reserve(job, smallest)
                     # its queue's quota is kept for it too, so that jobs of the same queue that
                     # go ahead cannot leave it without quota when its resources come free
-                    self.quotas.reserve(job)
+                    self.quotas.reserve(smallest)
                 continue
 
-            why = self._backfill(job, shape)
+            why = self._backfill(job, sized)
             if why:
                 head = self.reservation.job
                 ahead = position - len(decision.admit)
                 decision.notes[job.id] = (
                     f"queued behind {ahead} job(s), next in line {head.id} (priority {head.priority}): {why}"
                 )
+        if self.reservation is None:
+            self._grow(set(queue_blocked_by))
         return decision
 
-    def _start(self, job: JobRequest, placement: dict[str, int], beside_head: bool = False) -> None:
+    def _start(
+        self, job: JobRequest, request: JobRequest, placement: dict[str, int], beside_head: bool = False
+    ) -> None:
+        """Start `job` as `request` (the job at the size it starts at) with this placement."""
         self.free.take(placement, job.per_worker)
         if self.spare is not None:
             if beside_head:  # still running when the head starts: it uses up headroom too
                 self.spare.take_headroom(placement, job.per_worker)
             self.spare.refresh(placement)
-        self.quotas.charge(job)
+        self.quotas.charge(request)
         self.decision.admit.append((job.id, placement))
         est_end = None if job.est_runtime_s is None else self.now + job.est_runtime_s
         self.held.append(
             Allocation(
-                job.id, job.priority, placement, job.per_worker, self.now, job.preemptible, job.queue, est_end
+                job.id,
+                job.priority,
+                placement,
+                job.per_worker,
+                self.now,
+                job.preemptible,
+                job.queue,
+                est_end,
+                sizes=job.sizes,
             )
         )
 
-    def _reserve(self, head: JobRequest) -> None:
-        """The head's reservation; chooses victims (into the decision) when that lets it start."""
+    def _reserve(self, job: JobRequest, head: JobRequest) -> None:
+        """The head's reservation (`head`: the job at its smallest size); chooses jobs to shrink
+        or victims (into the decision) when that lets it start."""
         now, decision, free = self.now, self.decision, self.free.by_node
         stopping = [allocation for allocation in self.running if allocation.stopping]
         victims: list[Allocation] = []
+        shrinks: dict[str, int] | None = None
         if stopping:
             victims = stopping  # stopped for an earlier head, or for this one: wait, choose no more
         elif self.policy.preemption:
-            chosen = choose_victims(head, self.running, self.policy.nodes, free) or []
             by_id = {allocation.job_id: allocation for allocation in self.running}
+            # shrink before stop: whole jobs are stopped only when shrinking cannot make room
+            shrinks = choose_shrinks(
+                head, self.running, self.policy.nodes, free, lambda plan: self._come_back(job, plan, by_id)
+            )
+            if shrinks:
+                chosen = list(shrinks)
+            else:
+                chosen = choose_victims(head, self.running, self.policy.nodes, free) or []
             victims = [by_id[job_id] for job_id in chosen]
         if victims:
+            # a shrunk job, like a victim, stops whole (checkpointed) and starts again smaller
             future = _released(free, victims)
             placement = place(head, future)
             if placement is not None:
-                if not stopping:
-                    decision.preempt = [victim.job_id for victim in victims]
+                names = [victim.job_id for victim in victims]
+                if shrinks:
+                    decision.resize = dict(shrinks)
+                    verb = f"shrinking {len(victims)} elastic job(s)"
+                    names = [f"{v.job_id} {v.workers}->{shrinks[v.job_id]} workers" for v in victims]
+                elif not stopping:
+                    decision.preempt = names
                     verb = f"preempting {len(victims)} lower-priority job(s)"
                 else:
                     verb = f"waiting for {len(victims)} stopping job(s) to release their resources"
                 decision.reserved_for = decision.head = head.id
                 decision.head_start = now
-                decision.notes[head.id] = f"next in line: {verb}: {', '.join(v.job_id for v in victims)}"
-                self.reservation = _Reservation(head, now, placement, promised=True)
-                self.spare = _Spare(free, _headroom(future, placement, head))
+                decision.notes[head.id] = f"next in line: {verb}: {', '.join(names)}"
+                # promised: the head's placement when it starts, and the room that the elastic
+                # jobs among those stopping need to start again beside it
+                returning = [victim for victim in victims if victim.elastic]
+                reserved = None
+                if job.sizes or returning:
+                    reserved, room, _ = self._next_pass(job, future, returning)
+                if reserved is None:  # a fixed-size head and no elastic job to come back
+                    reserved, room = placement, _headroom(future, placement, head)
+                self.reservation = _Reservation(head, now, reserved, promised=True)
+                self.spare = _Spare(free, room)
                 return
 
         start, avail = _shadow(now, head, free, self.held)
@@ -307,15 +405,33 @@ class _Pass:
         self.reservation = _Reservation(head, start, placement, promised=False)
         self.spare = _Spare(free, _headroom(avail, placement, head))
 
-    def _backfill(self, job: JobRequest, shape: Shape) -> str:
-        """Start `job` ahead of the head if that cannot delay it; else say why not."""
-        reservation, spare = self.reservation, self.spare
+    def _backfill(self, job: JobRequest, sized: list[tuple[JobRequest, Shape]]) -> str:
+        """Start `job` ahead of the head if that cannot delay it; else say why not.
+
+        An elastic job tries its sizes largest first, each under the same rules.
+        """
+        reservation = self.reservation
         head = reservation.job
         known = job.est_runtime_s is not None
         reclaimable = self.policy.preemption and job.preemptible and job.priority < head.priority
         if not known and not reclaimable:
             return "no runtime estimate and not preemptible by it, so it may not go ahead"
+        for request, shape in sized:
+            if self._backfill_at(job, request, shape, known, reclaimable):
+                return ""
+        if reservation.promised:
+            return "the free resources are promised to it (waiting for preempted jobs to stop)"
+        smallest, shape = sized[-1]
+        if self.free.place(smallest, shape) is None:
+            need = format_resources(positive(job.per_worker))
+            return f"waiting for {smallest.workers} worker(s) of {need}"
+        return "starting it now would delay the next job in line"
 
+    def _backfill_at(
+        self, job: JobRequest, request: JobRequest, shape: Shape, known: bool, reclaimable: bool
+    ) -> bool:
+        """Start `job` at the size of `request` by one of the backfill rules; True if it started."""
+        reservation, spare = self.reservation, self.spare
         # (a) it ends before the head is expected to start: any free resources will do
         if (
             known
@@ -323,33 +439,128 @@ class _Pass:
             and reservation.start is not None
             and self.now + job.est_runtime_s <= reservation.start
         ):
-            placement = self.free.place(job, shape)
+            placement = self.free.place(request, shape)
             if placement is not None:
-                self._start(job, placement)
-                return ""
+                self._start(job, request, placement)
+                return True
         # (b) beside the head's reserved placement: free now and still free when the head starts
-        placement = spare.place(job, shape)
+        placement = spare.place(request, shape)
         if placement is not None:
-            self._start(job, placement, beside_head=True)
-            return ""
+            self._start(job, request, placement, beside_head=True)
+            return True
         # (c) preemptible by the head: may use its reserved resources until the head needs them
         if reclaimable and not reservation.promised:
-            placement = self.free.place(job, shape)
+            placement = self.free.place(request, shape)
             if placement is not None:
-                self._start(job, placement)
-                return ""
-        if reservation.promised:
-            return "the free resources are promised to it (waiting for preempted jobs to stop)"
-        if self.free.place(job, shape) is None:
-            return f"waiting for {job.workers} worker(s) of {format_resources(positive(job.per_worker))}"
-        return "starting it now would delay the next job in line"
+                self._start(job, request, placement)
+                return True
+        return False
+
+    # -- elastic jobs: what a resize leads to, and growing ----------------------------------------
+
+    def _next_pass(
+        self, job: JobRequest | None, future: Mapping[str, Resources], returning: list[Allocation]
+    ) -> tuple[dict[str, int] | None, dict[str, Resources], dict[str, int]]:
+        """What the next pass starts once `returning` have stopped and are pending again.
+
+        `future`: the free resources per node by then. The head `job` (if any) goes first at
+        the largest size that fits, then the returning elastic jobs in queue order, each at the
+        largest size that fits (and fits its queue's quota), as a pass admits them. Returns the
+        head's placement (None: it does not fit), what is left free per node, and the size each
+        returning job starts at (0: none).
+        """
+        room = {node_id: dict(node_free) for node_id, node_free in future.items()}
+        book = self._quota_book(allocation.job_id for allocation in returning)
+        head_placement = None
+        if job is not None:
+            sized = _sized(job)
+            for index, (request, _) in enumerate(sized):
+                # its smallest size passed the quota check of this pass already
+                if index < len(sized) - 1 and not book.allows(request):
+                    continue
+                head_placement = place(request, room)
+                if head_placement is not None:
+                    _take(room, head_placement, job.per_worker)
+                    book.charge(request)
+                    break
+        started: dict[str, int] = {}
+        for allocation in sorted(returning, key=_return_order):
+            started[allocation.job_id] = 0
+            for request, _ in _sized(_request_of(allocation)):
+                placement = place(request, room) if book.allows(request) else None
+                if placement is not None:
+                    _take(room, placement, allocation.per_worker)
+                    book.charge(request)
+                    started[allocation.job_id] = request.workers
+                    break
+        return head_placement, room, started
+
+    def _quota_book(self, leaving: Iterable[str]) -> QuotaBook:
+        """Quota use of the jobs that hold resources after this pass, less those in `leaving`."""
+        if not self.policy.quotas:
+            return QuotaBook(None)
+        leaving = set(leaving)
+        return QuotaBook(self.policy.quotas, [a for a in self.held if a.job_id not in leaving])
+
+    def _come_back(
+        self, head: JobRequest | None, plan: Mapping[str, int], by_id: Mapping[str, Allocation]
+    ) -> bool:
+        """True when, after stopping for this resize plan, every job in it starts again at no
+        less than its planned size next to the head (see `_next_pass`)."""
+        resized = [by_id[job_id] for job_id in plan]
+        _, _, started = self._next_pass(head, _released(self.free.by_node, resized), resized)
+        return all(started[job_id] >= size for job_id, size in plan.items())
+
+    def _grow(self, blocked_queues: set[str]) -> None:
+        """Grow running elastic jobs into the free room (nothing waits; see the module docstring).
+
+        Each job grows to the largest size that fits into its own placement plus what is still
+        free after this pass's starts and the grows before it, so no free room is promised to
+        two jobs; a grow is kept only if the job would start again at that size (`_come_back`)
+        and it leaves its queue within its quota.
+        """
+        now, grow_after_s = self.now, self.policy.grow_after_s
+        elastic = [a for a in self.running if a.elastic]
+        if not elastic or any(a.stopping for a in self.running):  # a stopping job comes back first
+            return
+        candidates = sorted(
+            (
+                a
+                for a in elastic
+                if a.queue not in blocked_queues
+                and now - a.started_at >= grow_after_s
+                and a.workers < a.sizes[0]
+                and all(node_id in self.free.by_node for node_id in a.placement)  # none on a node gone
+            ),
+            key=_return_order,
+        )
+        by_id = {a.job_id: a for a in candidates}
+        room = {node_id: dict(node_free) for node_id, node_free in self.free.by_node.items()}
+        for allocation in candidates:
+            avail = _released(room, [allocation])
+            request = _request_of(allocation)
+            for size in (size for size in allocation.sizes if size > allocation.workers):
+                extra = request.at_size(size - allocation.workers)  # what the queue's quota must hold
+                if not self.quotas.allows(extra):
+                    continue
+                placement = place(request.at_size(size), avail)
+                plan = {**self.decision.resize, request.id: size}
+                if placement is None or not self._come_back(None, plan, by_id):
+                    continue
+                self.decision.resize[request.id] = size
+                self.quotas.charge(extra)
+                _take(avail, placement, allocation.per_worker)
+                room = avail
+                break
 
 
 class FifoPolicy:
     """Plain FIFO for comparison: submission order, no priorities, backfill or preemption.
 
     Jobs start in submission order until the first that cannot start; everything behind it
-    waits. Same interface as `Policy` (the backfill and preemption switches are ignored).
+    waits. An elastic job starts at the largest of its sizes that fits, and waits for its
+    smallest; running jobs are never resized. Same interface as `Policy` (the backfill,
+    preemption and grow switches are ignored).
     """
 
     def __init__(
@@ -359,6 +570,7 @@ class FifoPolicy:
         backfill: bool = False,
         preemption: bool = False,
         backfill_window: int = 0,
+        grow_after_s: float = DEFAULT_GROW_AFTER_S,
     ) -> None:
         self.quotas = {q: dict(limits) for q, limits in (quotas or {}).items()}
         self.set_nodes(nodes)
@@ -368,7 +580,8 @@ class FifoPolicy:
         self._oversize: dict[Shape, str | None] = {}
 
     def rejection_reason(self, job: JobRequest) -> str | None:
-        return oversize_reason(job, self.nodes) or quota_reason(job, self.quotas)
+        smallest = job.at_size(job.allowed_sizes()[-1])
+        return oversize_reason(smallest, self.nodes) or quota_reason(smallest, self.quotas)
 
     def schedule(self, now: float, pending: list[JobRequest], running: list[Allocation]) -> Decision:
         running = list(running)
@@ -379,24 +592,34 @@ class FifoPolicy:
         for job in sorted(pending, key=attrgetter("submitted_at", "id")):
             if job.id in running_ids:
                 continue
-            shape = _shape(job)
+            sized = _sized(job)
+            smallest, shape = sized[-1]
             if shape not in self._oversize:
-                self._oversize[shape] = oversize_reason(job, self.nodes)
+                self._oversize[shape] = oversize_reason(smallest, self.nodes)
             if self._oversize[shape] is not None:
                 # it can never start here: skipping it keeps the queue from stalling for good
                 decision.notes[job.id] = f"cannot start on the cluster as it is now: {self._oversize[shape]}"
                 continue
-            if not quotas.allows(job):
-                decision.notes[job.id] = quotas.note(job)
+            if not quotas.allows(smallest):
+                decision.notes[job.id] = quotas.note(smallest)
                 break
-            placement = free.place(job, shape)
+            for request, request_shape in sized:  # largest first
+                placement = free.place(request, request_shape) if quotas.allows(request) else None
+                if placement is not None:
+                    break
             if placement is None:
                 decision.notes[job.id] = "next in line (FIFO): waiting for resources"
                 break
             free.take(placement, job.per_worker)
-            quotas.charge(job)
+            quotas.charge(request)
             decision.admit.append((job.id, placement))
         return decision
+
+
+def _take(room: dict[str, Resources], placement: Mapping[str, int], per_worker: Mapping[str, float]) -> None:
+    """Take a placement's workers out of `room` (per node, in place)."""
+    for node_id, count in placement.items():
+        room[node_id] = _minus(room[node_id], per_worker, count)
 
 
 def _minus(resources: Mapping[str, float], per_worker: Mapping[str, float], count: int) -> Resources:

@@ -10,15 +10,26 @@ minimal: it repeatedly takes the candidate that frees room for the most workers 
 the preferred candidate), then drops every victim the job does not need after all (least
 preferred first), then swaps victims for preferred candidates where the job still fits.
 It is exact whenever one victim suffices, and never returns a victim that could be spared.
+
+Shrinking comes before stopping (`choose_shrinks`): candidates that are elastic (they may
+run at a smaller size) give back workers instead of stopping. A shrunk job is modelled as
+dropping workers from its placement, from the nodes where it has the fewest first (ties by
+node id), so that whole nodes come free and the rest of its placement stays where it is.
+Candidates are taken in victim order, each shrunk one allowed size at a time until the job
+fits, and then every earlier one is given back as many workers as the job can spare (least
+preferred first). The caller may still turn such a plan down (`accept`: the policy checks
+that the shrunk jobs can start again beside the job), and the search goes on shrinking.
+Shrinking and stopping are not mixed: when shrinking every candidate to its smallest size is
+not enough, the caller stops whole jobs with `choose_victims`.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from orchestrator.scheduler.admission import EPS, UNBOUNDED, positive, slots
+from orchestrator.scheduler.admission import EPS, UNBOUNDED, place, positive, slots
 from orchestrator.scheduler.types import Allocation, JobRequest, Node, Resources
 
 # bounds the swap pass (each trial is a few dict operations); keeps the choice fast on big clusters
@@ -220,8 +231,107 @@ def _releases(allocation: Allocation, need: Resources, avail: dict[str, Resource
 
 
 def _release_into(avail: dict[str, Resources], allocation: Allocation) -> None:
-    for node_id, count in allocation.placement.items():
+    _add_workers(avail, allocation.placement, allocation.per_worker)
+
+
+def _add_workers(
+    avail: dict[str, Resources], placement: Mapping[str, int], per_worker: Mapping[str, float]
+) -> None:
+    """Give the workers of `placement` back to `avail` (nodes that are gone are skipped)."""
+    for node_id, count in placement.items():
         free = avail.get(node_id)
         if free is not None:
-            for name, amount in allocation.per_worker.items():
+            for name, amount in per_worker.items():
                 free[name] = free.get(name, 0.0) + amount * count
+
+
+def shrunk_placement(placement: Mapping[str, int], size: int) -> tuple[dict[str, int], dict[str, int]]:
+    """(kept, dropped): a placement cut down to `size` workers, and the workers it gives back.
+
+    Workers go from the nodes where the job has the fewest first (ties by node id), so the
+    nodes it barely uses come free whole instead of leaving a worker's hole on every node.
+    """
+    drop = sum(placement.values()) - size
+    kept, dropped = dict(placement), {}
+    for node_id, count in sorted(placement.items(), key=lambda item: (item[1], item[0])):
+        if drop <= 0:
+            break
+        taken = min(count, drop)
+        dropped[node_id] = taken
+        kept[node_id] = count - taken
+        drop -= taken
+    return {n: c for n, c in kept.items() if c > 0}, dropped
+
+
+def choose_shrinks(
+    job: JobRequest,
+    allocations: Iterable[Allocation],
+    nodes: Iterable[Node],
+    free_by_node: Mapping[str, Mapping[str, float]],
+    accept: Callable[[dict[str, int]], bool] | None = None,
+) -> dict[str, int] | None:
+    """Elastic jobs to shrink so that `job` fits: job id -> its new size; None if none does it.
+
+    Candidates are those `choose_victims` could stop that have an allowed size below their
+    current one. A plan counts only if `job` fits into the free resources plus the workers the
+    shrunk jobs give back, and `accept(plan)` agrees (the caller checks there that the shrunk
+    jobs can start again beside `job`). Stopping jobs count as released, as in `choose_victims`.
+    """
+    allocations = list(allocations)
+    candidates = sorted(
+        (a for a in allocations if a.sizes and can_preempt(job, a) and _smaller_sizes(a)), key=victim_rank
+    )
+    if not candidates:
+        return None
+    by_id = {a.job_id: a for a in candidates}
+    avail = {node.id: dict(free_by_node.get(node.id, {})) for node in nodes}
+    for allocation in allocations:
+        if allocation.stopping:
+            _add_workers(avail, allocation.placement, allocation.per_worker)
+
+    def fits_with(plan: dict[str, int]) -> bool:
+        trial = {node_id: dict(free) for node_id, free in avail.items()}
+        for job_id, size in plan.items():
+            allocation = by_id[job_id]
+            _add_workers(trial, shrunk_placement(allocation.placement, size)[1], allocation.per_worker)
+        return place(job, trial) is not None
+
+    # a quick "no": not even shrinking every candidate as far as it goes makes room
+    if not fits_with({a.job_id: _smaller_sizes(a)[-1] for a in candidates}):
+        return None
+    plan: dict[str, int] = {}
+    for index, allocation in enumerate(candidates):
+        sizes = _smaller_sizes(allocation)
+        for size in sizes:  # largest first: the least shrink that lets the job fit
+            trial = {**plan, allocation.job_id: size}
+            if fits_with(trial):
+                trial = _give_back(candidates[:index], trial, fits_with)
+                if accept is None or accept(trial):
+                    return trial
+        plan[allocation.job_id] = sizes[-1]
+    return None
+
+
+def _smaller_sizes(allocation: Allocation) -> list[int]:
+    """The allowed sizes below its current size, largest first ([] for a job of one size)."""
+    return [size for size in allocation.sizes if size < allocation.workers] if allocation.elastic else []
+
+
+def _give_back(
+    shrunk: list[Allocation], plan: dict[str, int], fits: Callable[[dict[str, int]], bool]
+) -> dict[str, int]:
+    """The plan with each fully shrunk earlier candidate kept as large as the job still `fits`.
+
+    Least preferred first, as `_drop_unneeded` does: one that needs no shrink leaves the plan.
+    """
+    for allocation in sorted(shrunk, key=victim_rank, reverse=True):
+        current = allocation.workers
+        larger = [current] + [size for size in allocation.sizes if plan[allocation.job_id] < size < current]
+        for size in larger:  # largest first: not shrunk at all, then one size less, ...
+            trial = {**plan, allocation.job_id: size}
+            if size == current:
+                del trial[allocation.job_id]
+            if fits(trial):
+                plan = trial
+                break
+    return plan

@@ -69,6 +69,8 @@ class JobRecord:
     failed_starts: int = 0  # in a row: sets the backoff
     last_seen: float = 0.0  # the driver's last call
     preemptions: int = 0
+    resizes: int = 0  # restarts of an elastic job at another size
+    resize_to: int | None = None  # the size a stop was asked for (None: a plain stop or preemption)
     node_losses: int = 0  # attempts ended by a node of theirs dying
     unconfirmed_failure: dict[str, Any] | None = None  # a failed attempt's summary, held until
     # the service knows whether one of its nodes died (then it is requeued, not failed)
@@ -91,6 +93,11 @@ class JobRecord:
     def log(self, event: str, now: float | None = None, **detail) -> None:
         """One line of the job's history: queued, admitted, preempted at step N, ..."""
         self.history.append({"time": now if now is not None else time.time(), "event": event, **detail})
+
+    @property
+    def placement_size(self) -> int:
+        """Workers it holds now (an elastic job: its current size)."""
+        return sum(self.placement.values())
 
     @property
     def remaining_s(self) -> float | None:

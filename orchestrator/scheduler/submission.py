@@ -30,7 +30,7 @@ def new_record(spec: JobSpec, job_id: str, options: dict, launched_by: str) -> J
         priority=priority,
         queue=spec.scheduling.queue,
         preemptible=spec.scheduling.preemptible,
-        workers=spec.resources.num_workers,
+        workers=spec.resources.max_workers,  # an elastic job runs at one of spec.worker_sizes()
         per_worker=resources_for(spec),
         submitted_at=time.time(),
         launched_by=launched_by,

@@ -3,14 +3,28 @@
 Resources are plain dicts from a resource name to an amount (`{"GPU": 1, "CPU": 8}`); names
 are arbitrary strings, as in Ray, so a custom resource stands in for a GPU in tests. The
 helpers that do arithmetic on them live in `admission.py`.
+
+An elastic job may run at any of several worker counts (`sizes`, largest first: the counts at
+which its global batch splits evenly); a job of one size has `sizes == ()`. `allowed_sizes()`
+gives the counts to try either way, so the policy treats both alike.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 Resources = dict[str, float]
+
+
+def _check_sizes(what: str, sizes: tuple[int, ...], workers: int | None = None) -> None:
+    """Sizes are worker counts >= 1, strictly descending; the first is the job's largest size."""
+    if any(not isinstance(size, int) or size < 1 for size in sizes):
+        raise ValueError(f"{what}: sizes must be worker counts >= 1, got {sizes}")
+    if any(a <= b for a, b in zip(sizes, sizes[1:])):
+        raise ValueError(f"{what}: sizes must be in descending order without repeats, got {sizes}")
+    if workers is not None and sizes and sizes[0] != workers:
+        raise ValueError(f"{what}: the first size must be workers ({workers}), the largest; got {sizes}")
 
 
 def _check_resources(what: str, resources: Resources) -> None:
@@ -28,6 +42,8 @@ class JobRequest:
     `submitted_at` is the time of the first submission: the service keeps it when it requeues
     a preempted job, which is what gives a requeued job its place in the queue back (aging).
     `est_runtime_s` is the estimated remaining runtime, when the user gave one.
+    `sizes`: an elastic job's allowed worker counts, descending, the first being `workers`
+    (its largest size); () for a job that runs at `workers` only.
     """
 
     id: str
@@ -38,6 +54,7 @@ class JobRequest:
     preemptible: bool = False
     queue: str = "default"
     est_runtime_s: float | None = None
+    sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -45,6 +62,19 @@ class JobRequest:
         _check_resources(f"job {self.id}", self.per_worker)
         if self.est_runtime_s is not None and not self.est_runtime_s >= 0:
             raise ValueError(f"job {self.id}: est_runtime_s must be >= 0, got {self.est_runtime_s}")
+        if self.sizes:
+            self.sizes = tuple(self.sizes)
+            _check_sizes(f"job {self.id}", self.sizes, self.workers)
+
+    def allowed_sizes(self) -> tuple[int, ...]:
+        """The worker counts it may start at, largest first (`(workers,)` for a job of one size)."""
+        return self.sizes or (self.workers,)
+
+    def at_size(self, workers: int) -> JobRequest:
+        """The same job as a job of one size, `workers` workers: what placement and quotas see."""
+        if workers == self.workers and not self.sizes:
+            return self
+        return replace(self, workers=workers, sizes=())
 
     def total(self) -> Resources:
         """Everything the job holds once started: `workers` x `per_worker`."""
@@ -66,8 +96,10 @@ class Node:
 class Allocation:
     """A running job (or one being stopped) and where its workers are: node id -> workers.
 
-    `stopping` marks a job that was told to stop (a preemption victim) and still holds its
-    resources until it has stopped. `est_end` is when it is expected to finish, if known.
+    `stopping` marks a job that was told to stop (a preemption victim, or a job being resized)
+    and still holds its resources until it has stopped. `est_end` is when it is expected to
+    finish, if known. `sizes`: an elastic job's allowed worker counts, descending (as in
+    `JobRequest`); its current size is `workers`. () for a job of one size.
     """
 
     job_id: str
@@ -79,10 +111,21 @@ class Allocation:
     queue: str = "default"
     est_end: float | None = None
     stopping: bool = False
+    sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.sizes:
+            self.sizes = tuple(self.sizes)
+            _check_sizes(f"allocation {self.job_id}", self.sizes)
 
     @property
     def workers(self) -> int:
         return sum(self.placement.values())
+
+    @property
+    def elastic(self) -> bool:
+        """True when it may run at another size (it can be shrunk or grown)."""
+        return len(self.sizes) > 1
 
     def total(self) -> Resources:
         return {name: amount * self.workers for name, amount in self.per_worker.items()}
@@ -94,8 +137,11 @@ class Decision:
 
     - `admit`: jobs to start now, in queue order, each with its placement (node id -> workers).
     - `preempt`: running jobs to stop so that `reserved_for` can start once they have stopped.
-    - `reserved_for`: the job waiting for victims (chosen now or still stopping); nothing else
-      is placed into the resources promised to it.
+    - `resize`: running elastic jobs to restart at another size (job id -> that size): smaller
+      to make room for `reserved_for` (then nothing is in `preempt`), or larger to use free
+      room when no job waits. A resize is a checkpointed stop followed by re-admission.
+    - `reserved_for`: the job waiting for victims (chosen now or still stopping, preempted or
+      shrunk); nothing else is placed into the resources promised to it.
     - `head`, `head_start`: the first job that could not start and holds a backfill
       reservation, and when it is expected to start by the runtime estimates (None: unknown).
     - `notes`: why a pending job did not start, for people (`orchestrator` CLI); only for the
@@ -104,6 +150,7 @@ class Decision:
 
     admit: list[tuple[str, dict[str, int]]] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
+    resize: dict[str, int] = field(default_factory=dict)
     reserved_for: str | None = None
     notes: dict[str, str] = field(default_factory=dict)
     head: str | None = None

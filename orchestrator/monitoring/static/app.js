@@ -230,6 +230,21 @@
 
   // --- header, counts, resources --------------------------------------------------------------------
 
+  /** "2", or an elastic job's size now and its range: "3/2..8" (running), "2..8" (waiting) */
+  function workersText(job) {
+    if (!job.elastic) return fmtInt(job.workers);
+    const now = Object.values(job.placement || {}).reduce((a, b) => a + b, 0);
+    const range = job.elastic[0] + ".." + job.elastic[1];
+    return now ? now + "/" + range : range;
+  }
+
+  /** The newest node events of the last hour: "3f2a9c1d joined 2m ago" */
+  function nodeEvents(info) {
+    const recent = (info.node_events || []).filter((e) => since(e.time) < 3600).slice(-3);
+    const draining = (info.draining || []).map((n) => n.slice(0, 8) + " draining");
+    return draining.concat(recent.map((e) => e.node.slice(0, 8) + " " + e.event + " " + fmtDuration(since(e.time)) + " ago"));
+  }
+
   function renderInfo(info) {
     const dashboard = safeHref(info.dashboard);
     const link = $("dashboard-link");
@@ -240,7 +255,7 @@
     const total = Object.values(counts).reduce((a, b) => a + (b || 0), 0);
     const active = STATES.filter((s) => ACTIVE.has(s)).reduce((a, s) => a + (counts[s] || 0), 0);
     const facts = [
-      ["Nodes", fmtInt(info.nodes), null],
+      ["Nodes", [fmtInt(info.nodes)].concat(nodeEvents(info)).join(" · "), "nodes Ray lists alive, and the newest nodes that joined, left or were lost"],
       ["Jobs", fmtInt(active) + " active · " + fmtInt(total) + " total", "active: admitted, running or stopping"],
       ["Service up", fmtDuration(since(info.started_at)), "since " + fmtDate(info.started_at)],
       ["Generation", fmtInt(info.generation), "how many times a service has taken over this store"],
@@ -356,8 +371,8 @@
     setText(c.priority, fmtInt(job.priority));
     setText(c.queue, job.queue || "default");
     const resources = fmtResources(job.per_worker || {});
-    setText(c.workers, fmtInt(job.workers) + " × " + (resources[0] || "worker"));
-    setTitle(c.workers, fmtInt(job.workers) + " worker(s), each " + resources.join(", "));
+    setText(c.workers, workersText(job) + " × " + (resources[0] || "worker"));
+    setTitle(c.workers, workersText(job) + " worker(s)" + (job.elastic ? " (now/min..max)" : "") + ", each " + resources.join(", "));
 
     const progress = progressOf(job);
     c.bar.hidden = progress == null;
@@ -803,7 +818,7 @@
       stat("Loss", fmtLoss(rates && rates.loss), detail.latest ? "step " + fmtInt(detail.latest.step) : ""),
       stat("Restarts", fmtInt(job.restarts || 0), "attempt " + fmtInt(job.attempt || 0), "Admissions that did not resume a preemption"),
       stat("Preemptions", fmtInt(job.preemptions || 0), fmtInt(job.steps_lost || 0) + " steps lost"),
-      stat("Workers", fmtInt(job.workers) + " × " + (resources[0] || "worker"), resources.slice(1).join(" · ")),
+      stat("Workers", workersText(job) + " × " + (resources[0] || "worker"), (job.elastic ? "elastic · " : "") + resources.slice(1).join(" · ")),
       stat({ ago: "Finished", running: "Running for", starting: "Starting for" }[timeSub] || "Waiting for", timeSub === "ago" ? time + " ago" : time, ""),
     ];
     replaceChildren($("job-stats"), stats);
