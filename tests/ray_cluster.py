@@ -86,6 +86,7 @@ class RayHead:
     env: dict  # what a client needs: token auth on, the token file, the venv on PATH
     temp_dir: str
     process: subprocess.Popen
+    autoscaling_config: str | None = None  # the autoscaler's cluster config, when it has one
     nodes: list[RayNode] = field(default_factory=list)  # worker nodes, in the order they joined
     restarted: list[subprocess.Popen] = field(default_factory=list)  # head processes started again
 
@@ -153,8 +154,17 @@ def _state_api(dashboard: str, env: dict, what: str, **params) -> list[dict]:
         return json.load(reply)["data"]["result"]["result"]
 
 
-def start_ray_head(num_cpus: int = 4, resources: dict | None = None, redis: str | None = None) -> RayHead:
+def start_ray_head(
+    num_cpus: int = 4,
+    resources: dict | None = None,
+    redis: str | None = None,
+    autoscaling: dict | None = None,
+) -> RayHead:
     """`ray start --head --block` with token auth, its own ports and a short temp dir.
+
+    With `autoscaling` (node type name -> {"resources", "max_workers"}): Ray's autoscaler on
+    the head, with Ray's fake multi-node provider (each node it adds is a raylet on this
+    machine, a child of the autoscaler's monitor, in the head's process group).
 
     With `redis` (host:port): GCS fault tolerance backed by that Redis, and without --block
     (which ends the whole head when one of its processes dies), as `orchestrator up` starts
@@ -171,6 +181,11 @@ def start_ray_head(num_cpus: int = 4, resources: dict | None = None, redis: str 
         "RAY_worker_niceness": "0",  # as the clusters the product starts (orchestrator/ray/cluster.py)
     }
     gcs, dash, client, agent, agent_grpc, runtime_env, metrics = free_ports(7)
+    scaling_args, scaling_env, config = [], {}, None
+    if autoscaling:
+        config = _autoscaling_config(temp_dir, f"127.0.0.1:{gcs}", num_cpus, autoscaling)
+        scaling_args = [f"--autoscaling-config={config}"]
+        scaling_env = {"RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}  # the default: 5 s
     log = open(os.path.join(temp_dir, "head.log"), "w")
     process = subprocess.Popen(
         [
@@ -191,13 +206,14 @@ def start_ray_head(num_cpus: int = 4, resources: dict | None = None, redis: str 
             *([f"--resources={json.dumps(resources)}"] if resources else []),
             "--include-dashboard=true",
             "--disable-usage-stats",
+            *scaling_args,
         ],
-        env={**os.environ, **env, **NODE_HEALTH_CHECK, **_redis_env(redis)},
+        env={**os.environ, **env, **NODE_HEALTH_CHECK, **_redis_env(redis), **scaling_env},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    head = RayHead(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", env, temp_dir, process)
+    head = RayHead(f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}", env, temp_dir, process, config)
     deadline = time.time() + 120
     while time.time() < deadline:
         if process.poll() not in (None, *([0] if redis else [])):
@@ -211,6 +227,46 @@ def start_ray_head(num_cpus: int = 4, resources: dict | None = None, redis: str 
             time.sleep(1)
     stop_ray_head(head)
     raise RuntimeError("the Ray head did not come up in 120 s")
+
+
+def _autoscaling_config(temp_dir: str, gcs: str, head_cpus: int, types: dict) -> str:
+    """The cluster config of Ray's fake multi-node provider (what Ray's own autoscaler tests
+    use; ray.cluster_utils.AutoscalingCluster's example config is not in the wheel)."""
+    config = {
+        "cluster_name": "fake-multinode",
+        "max_workers": sum(t["max_workers"] for t in types.values()),
+        # gcs_address: else the fake nodes join <this machine's ip>:6379, whatever runs there
+        "provider": {
+            "type": "fake_multinode",
+            "use_node_id_as_ip": True,
+            "disable_node_updaters": True,
+            "disable_launch_config_check": True,
+            "gcs_address": gcs,
+        },
+        "head_node_type": "ray.head.default",
+        "available_node_types": {
+            "ray.head.default": {"resources": {"CPU": head_cpus}, "node_config": {}, "max_workers": 0},
+            **{name: {"node_config": {}, "min_workers": 0, **t} for name, t in types.items()},
+        },
+        "idle_timeout_minutes": 0.1,  # an idle node goes after 6 s
+        "upscaling_speed": 1.0,
+        "auth": {},
+        "docker": {},
+        "file_mounts": {},
+        "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
+        "rsync_exclude": [],
+        "rsync_filter": [],
+        **{key: [] for key in ("initialization_commands", "setup_commands", "head_setup_commands")},
+        **{
+            key: []
+            for key in ("worker_setup_commands", "head_start_ray_commands", "worker_start_ray_commands")
+        },
+    }
+    path = os.path.join(temp_dir, "autoscaling.json")
+    with open(path, "w") as out:
+        json.dump(config, out)
+    return path
 
 
 def _redis_env(redis: str | None) -> dict:

@@ -44,6 +44,26 @@ def test_kuberay_raycluster_manifest():
     assert len(images) == 1  # head and workers run the same image
 
 
+def test_the_autoscaler_configs_tell_the_service_what_a_new_node_holds():
+    """The service plans autoscaler requests from these (orchestrator/ray/autoscaler.py)."""
+    from orchestrator.ray.autoscaler import load_config
+
+    launcher = load_config(str(DEPLOY / "ray-cluster.yaml"))
+    assert launcher["types"] == [{"name": "gpu_8x", "resources": {"CPU": 96.0, "GPU": 8.0}, "max_nodes": 4}]
+    # KubeRay's autoscaler has no file the service can find: the one shipped must match the groups
+    kuberay = load_config(str(DEPLOY / "autoscaler-kuberay.yaml"))
+    groups = load("kuberay-raycluster.yaml")["spec"]["workerGroupSpecs"]
+    assert load("kuberay-raycluster.yaml")["spec"]["enableInTreeAutoscaling"] is True
+    expected = []
+    for group in groups:
+        limits = pod_containers(group)[0]["resources"]["limits"]
+        resources = {"CPU": float(limits["cpu"]), "GPU": float(limits["nvidia.com/gpu"])}
+        expected.append(
+            {"name": group["groupName"], "resources": resources, "max_nodes": group["maxReplicas"]}
+        )
+    assert kuberay["types"] == expected
+
+
 def test_kuberay_rayjob_runs_a_valid_orchestrator_command():
     job = load("kuberay-rayjob.yaml")
     assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")

@@ -4,17 +4,29 @@ and none runs twice.
 
 A cluster of its own: a head (without --block, as `orchestrator up` starts one) whose GCS
 keeps its tables in Redis, and one more node; the service on it through `orchestrator up`.
+
+Without Redis, a head that dies takes the cluster with it: what survives is the job store.
+A new head and the next `orchestrator up` on the same store bring back the queue, and the jobs
+that were running resume from their newest complete checkpoints.
 """
 
+import contextlib
 import json
+import signal
+import time
 
 import psutil
 import pytest
 
 from core.metrics_log import read_metrics
+from core.run_folder import checkpoint_step, checkpoints
 from tests.conftest import Service
 from tests.ray_cluster import restart_gcs, start_ray_head, start_redis, stop_ray_head
-from tests.test_service import events, when
+from tests.test_service import events, train_steps, when
+
+
+def processes_of(head) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if head.temp_dir in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +44,7 @@ def ft_service(tmp_path_factory):
         svc.cli("down", timeout=60)
         stop_ray_head(head)
         redis.stop()
-        left = [
-            p for p in psutil.process_iter(["cmdline"]) if head.temp_dir in " ".join(p.info["cmdline"] or [])
-        ]
+        left = processes_of(head)
         assert not left, f"processes of the cluster left running: {left}"
 
 
@@ -63,3 +73,63 @@ def test_a_gcs_restart_with_redis_loses_no_job_and_runs_none_twice(ft_service):
         f"GCS restart with Redis: down {restarted_at - killed_at:.1f} s, the running job's longest "
         f"pause between logged steps {gap:.1f} s, 0 steps lost, 3 of 3 jobs succeeded once"
     )
+
+
+def up(svc: Service) -> None:
+    result = svc.cli("up", "--address", svc.head.address, "--store", str(svc.store), "--metrics-port", "0")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_jobs(tmp_path):
+    heads = [start_ray_head(num_cpus=4, resources={"slot": 2})]
+    svc = Service(heads[0], tmp_path / "home", tmp_path / "store", tmp_path / "runs")
+    serving = False  # whether a service is up on a live head, for `down` at the end
+    try:
+        up(svc)
+        serving = True
+        trains = svc.submit("checkpoint.every_steps=200", steps=3000, name="trains")
+        waits = svc.submit("resources.num_workers=1", steps=30, name="waits")  # no room beside it
+        svc.wait(trains, lambda j: j["state"] == "running", what="running")
+        deadline = time.time() + 120  # until its metrics log (flushed every few seconds) has step 500
+        while not (steps := train_steps(svc.runs / "trains")) or steps[-1] < 500:
+            assert time.time() < deadline, "no step 500 in the metrics log"
+            time.sleep(0.5)
+        # the head machine dies: every process of the cluster at once, the service among them
+        machine = [psutil.Process(heads[0].process.pid), *processes_of(heads[0])]
+        machine += [c for p in list(machine) for c in p.children(recursive=True)]  # workers, drivers
+        killed_at, serving = time.time(), False
+        for process in machine:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGKILL)
+        psutil.wait_procs(machine, timeout=30)
+        assert not processes_of(heads[0]) and not [p for p in machine if p.is_running()]
+        saved = max(checkpoint_step(c) for c in checkpoints(str(svc.runs / "trains")))
+        trained = train_steps(svc.runs / "trains")[-1]  # the log is flushed every few seconds
+        stored = {job_id: svc.job(job_id)["state"] for job_id in (trains, waits)}
+        assert stored == {trains: "running", waits: "queued"}  # the store kept the queue as it was
+
+        heads.append(start_ray_head(num_cpus=4, resources={"slot": 2}))  # a new head, the same store
+        svc.head, svc.env = heads[1], {**heads[1].env, "ORCHESTRATOR_HOME": str(svc.home)}
+        up(svc)
+        serving, back_at = True, time.time()
+        first, second = svc.done(trains, timeout=300), svc.done(waits, timeout=300)
+        assert first["summary"]["resumed_from_step"] == saved >= 400  # its newest complete checkpoint
+        assert trained - saved <= 200 and first["steps_lost"] <= 200  # at most the checkpoint interval
+        # the new service finds the old head's node gone: the job is requeued at its place and
+        # started again by a new driver, once; the waiting job ran once, after it
+        assert events(first).count("node-lost") == 1 and first["attempt"] == 2 and second["attempt"] == 1
+        assert when(second, "admitted") >= when(first, "succeeded")  # the queue's order held
+        steps = train_steps(svc.runs / "trains")
+        assert steps == list(range(5, 3001, 5))  # each step once in the log: the lost ones were redone
+        print(
+            f"head lost without Redis: resumed at step {saved} (trained to >= {trained}); "
+            f"the next up -> training again {when(first, 'running', 1) - back_at:.1f} s; "
+            f"kill -> next up {back_at - killed_at:.1f} s (the test's own pace)"
+        )
+    finally:
+        if serving:
+            svc.cli("down", timeout=60)
+        for head in heads:
+            stop_ray_head(head)
+            assert not processes_of(head)

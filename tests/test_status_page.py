@@ -381,6 +381,7 @@ class FakeService:
                 "nodes": 4,
                 "draining": ["51c7e0aa9d"],
                 "node_events": [{"time": time.time() - 125, "event": "joined", "node": "77be01f2c4"}],
+                "autoscaler": {"may_add": {"gpu-8x": 2, "cpu-16": 0}, "asked_for": {}},
                 "jobs": counts,
                 "resources": {
                     "total": {"CPU": 256.0, "GPU": 32.0, "memory": 2048 * 2**30, "node:10.0.0.5": 1.0},
@@ -653,6 +654,7 @@ def test_page_shows_the_queue_and_live_curves(browser, registry):
         assert "3/2..4 × 1 GPU" in table  # an elastic job: its size now and its range
         facts = browser.find_element("id", "facts").text
         assert "51c7e0aa draining" in facts and "77be01f2 joined 2m" in facts  # node events
+        assert "autoscaler may add 2 gpu-8x" in facts and "cpu-16" not in facts  # room left to grow
         assert "loss is not finite at or before step 3100" in table  # the failed job's reason
         failed_badge = browser.find_element("css selector", '[data-job-id^="gpt-nano-char"] .badge')
         assert "s-failed" in failed_badge.get_attribute("class")

@@ -128,6 +128,10 @@ def cluster_line(info: dict) -> str:
         f"{total[k]:g} {k}" for k in sorted(total) if k not in ("memory", "object_store_memory")
     )
     line = f"cluster: {info['nodes']} node(s), {shown}"
+    scaler = info.get("autoscaler")
+    if scaler:
+        room = ", ".join(f"{n} {name}" for name, n in scaler["may_add"].items() if n) or "none"
+        line += f"; autoscaler may add: {room}"
     if info.get("draining"):
         line += f"; draining: {', '.join(n[:8] for n in info['draining'])}"
     recent = [e for e in info.get("node_events", []) if time.time() - e["time"] < 3600][-3:]

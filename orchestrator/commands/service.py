@@ -77,6 +77,13 @@ def register(sub) -> None:
         "it is requeued instead of failed (default 8; Ray's health check period x threshold, plus margin)",
     )
     up.add_argument(
+        "--autoscaler-config",
+        metavar="FILE",
+        help="the autoscaler's cluster config (Ray's cluster YAML: available_node_types with resources "
+        "and max_workers): a job that fits once nodes are added waits for them, and the service asks "
+        "the autoscaler for them. Default: the config of the autoscaler running on this machine, if any",
+    )
+    up.add_argument(
         "--grow-after",
         type=float,
         default=120.0,
@@ -170,6 +177,14 @@ def handle_up(args) -> int:
     for flag, value in (("--node-loss-wait", args.node_loss_wait), ("--grow-after", args.grow_after)):
         if value < 0:
             raise UsageError(f"{flag} {value:g}: must be 0 or more seconds")
+    autoscaler = None
+    if args.autoscaler_config:
+        from orchestrator.ray.autoscaler import ConfigError, load_config
+
+        try:
+            autoscaler = load_config(args.autoscaler_config)
+        except ConfigError as err:
+            raise UsageError(f"--autoscaler-config {err}") from None
     if address and args.redis:
         raise UsageError(
             f"--redis: the cluster at {address} is already running; GCS fault tolerance is set "
@@ -201,9 +216,12 @@ def handle_up(args) -> int:
             "start_deadline_s": args.start_deadline,
             "node_loss_wait_s": args.node_loss_wait,
             "grow_after_s": args.grow_after,
+            "autoscaler": autoscaler,
             "web_host": args.metrics_host,
             "web_port": args.metrics_port,
         }
+        if existing is None:
+            wait_for_free_store(store)
         service = existing or ServiceActor.options(**service_options()).remote(config)
         info = client.call(service.info, retries=30)
     cluster.write_state(
@@ -228,6 +246,29 @@ def handle_up(args) -> int:
         print(f"  status:    {info['status_page']}   (Prometheus: {info['status_page'].rstrip('/')}/metrics)")
     print("  submit a job with: orchestrator submit jobs/vit.yaml")
     return 0
+
+
+def wait_for_free_store(uri: str) -> None:
+    """A service that died with its head holds the job store's lease until it lapses (15 s):
+    wait that out instead of failing. One that keeps renewing it runs elsewhere: refuse."""
+    from orchestrator.scheduler.store import LEASE_TTL_S, Store
+
+    store, told = Store(uri), False
+    deadline = time.time() + LEASE_TTL_S + 5  # a live service renews it every pass
+    while (lease := store.read_lease()) and (age := time.time() - lease["renewed_at"]) < LEASE_TTL_S:
+        if time.time() > deadline:
+            raise UsageError(
+                f"the job store {uri} is in use by another orchestrator service (generation "
+                f"{lease['generation']}, on another cluster): run `orchestrator down` there first"
+            )
+        if not told:
+            print(
+                f"the job store's last service renewed it {age:.0f} s ago (its cluster may have died); "
+                f"waiting up to {LEASE_TTL_S - age:.0f} s for its lease to lapse",
+                flush=True,
+            )
+            told = True
+        time.sleep(1.0)
 
 
 def handle_down(args) -> int:

@@ -38,6 +38,7 @@ from core.spec import JobSpec
 from orchestrator.monitoring.exporter import registry_for
 from orchestrator.monitoring.page_view import PageView, process_info
 from orchestrator.monitoring.web import make_app, serve
+from orchestrator.ray.autoscaler import detected_config
 from orchestrator.scheduler.admission import add, scale
 from orchestrator.scheduler.cycle import SchedulingCycle, request
 from orchestrator.scheduler.lifecycle import Lifecycle
@@ -68,6 +69,7 @@ class ServiceConfig:
     # nodes dead meanwhile (then it is requeued): Ray's health check period x failure threshold
     node_loss_wait_s: float = 8.0
     grow_after_s: float = 120.0  # an elastic job runs this long at one size before it may grow
+    autoscaler: dict | None = None  # node types an autoscaler may add (orchestrator/ray/autoscaler.py)
     quotas: dict[str, dict[str, float]] = field(default_factory=dict)
     backfill: bool = True
     preemption: bool = True
@@ -93,7 +95,8 @@ class OrchestratorService:
             preemption=self.config.preemption,
             grow_after_s=self.config.grow_after_s,
         )
-        self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config)
+        autoscaler = self.config.autoscaler or detected_config()  # on the head, beside Ray's monitor
+        self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config, autoscaler)
         self.started_at = time.time()
         self.last_pass_s = 0.0
         self.lock = threading.RLock()
@@ -347,6 +350,10 @@ class OrchestratorService:
                 "nodes": len(self.nodes),
                 "draining": sorted(self.cycle.draining),
                 "node_events": list(self.cycle.node_events),
+                # nodes the autoscaler may still add, by type, and what it was asked for (None: no autoscaler)
+                "autoscaler": None
+                if self.cycle.node_types is None
+                else {"may_add": dict(self.cycle.scale_left), "asked_for": dict(self.cycle.scaling_for)},
                 "jobs": counts,
                 "last_pass_s": self.last_pass_s,
                 "process": process_info(),  # the control plane never loads torch: see for yourself

@@ -16,15 +16,25 @@ import ray
 from ray.job_submission import JobStatus
 
 from core.jobs import JobState
+from orchestrator.ray.autoscaler import StandingRequest, node_types
+from orchestrator.scheduler import autoscale
+from orchestrator.scheduler.admission import free_capacity, place
 from orchestrator.scheduler.lifecycle import Lifecycle
 from orchestrator.scheduler.policy import Policy
 from orchestrator.scheduler.store import JobRecord
-from orchestrator.scheduler.types import Allocation, JobRequest, Node
+from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node
 
 
 class SchedulingCycle:
-    def __init__(self, lifecycle: Lifecycle, policy: Policy, config):
+    def __init__(self, lifecycle: Lifecycle, policy: Policy, config, autoscaler: dict | None = None):
         self.lifecycle, self.policy, self.config = lifecycle, policy, config
+        # the node types an autoscaler may add (None: the cluster is what it is), what the
+        # service asks it for, and the jobs it asked for (until they run)
+        self.node_types = node_types(autoscaler) if autoscaler else None
+        self.worker_cap = autoscaler.get("max_workers") if autoscaler else None
+        self.scale_left: dict[str, int] = {}
+        self.standing = StandingRequest()
+        self.scaling_for: dict[str, str] = {}
         self.jobs = lifecycle.jobs
         self.nodes: list[Node] = []
         self.alive: set[str] = set()  # ids of the live nodes, from the last pass
@@ -39,8 +49,10 @@ class SchedulingCycle:
         self.schedule(now)
 
     def refresh_nodes(self) -> None:
-        nodes = []
+        nodes, head = [], None
         for n in ray.nodes():
+            if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
+                head = n["NodeID"]
             if n.get("Alive"):
                 capacity = {
                     k: float(v)
@@ -65,7 +77,15 @@ class SchedulingCycle:
             self.node_events = self.node_events[-20:]
         self.drained_away |= self.draining - alive
         self.nodes, self.alive, self.draining = nodes, alive, draining
-        self.policy.set_nodes([n for n in nodes if n.id not in draining])
+        usable = [n for n in nodes if n.id not in draining]
+        if self.node_types is None:
+            self.policy.set_nodes(usable)
+            return
+        workers = [n for n in nodes if n.id != head]
+        self.scale_left = autoscale.headroom(self.node_types, workers, self.worker_cap)
+        self.policy.set_nodes(
+            usable, possible=autoscale.possible_nodes(usable, self.node_types, self.scale_left)
+        )
 
     def lost_nodes(self, job: JobRecord) -> list[str]:
         """The nodes of the job's placement that Ray no longer lists alive."""
@@ -89,8 +109,10 @@ class SchedulingCycle:
             lost = self.lost_nodes(job) if job.state.holds_resources else []
             if lost and job.state is JobState.STOPPING and set(lost) <= self.drained_away:
                 lost = []  # its workers stopped for the drain and Ray ended the idle node: the driver reports
-            if lost:
-                self.lifecycle.node_lost(job, lost, now)
+            if lost:  # its driver resumes it once admitted again; if the driver died too (the head
+                # was lost with the cluster), the service starts a new one from the job's package
+                _, driver_gone = self._driver_status(job, statuses, now)
+                self.lifecycle.node_lost(job, lost, now, driver_gone=driver_gone)
                 continue
             drained = sorted(set(job.placement) & self.draining)
             if drained and job.state is not JobState.STOPPING:  # checkpoint and move, before it goes
@@ -155,6 +177,8 @@ class SchedulingCycle:
             self.lifecycle.admit(job, placement, now)
         for job_id in decision.preempt:
             self.lifecycle.request_stop(self.jobs[job_id], "preempt", now, by=decision.reserved_for)
+        if self.node_types is not None:
+            self.autoscale(decision, running, now)
         for job_id, size in decision.resize.items():  # checkpoint, then restart at the new size
             job = self.jobs[job_id]
             why = (
@@ -163,6 +187,42 @@ class SchedulingCycle:
             self.lifecycle.request_stop(
                 job, "preempt", now, by=f"{why}: {job.placement_size} -> {size} workers", resize_to=size
             )
+
+    # -- autoscaling -------------------------------------------------------------------------
+
+    def autoscale(self, decision: Decision, running: list[Allocation], now: float) -> None:
+        """Ask the autoscaler for the nodes the head of the queue needs when it does not fit
+        now (and no preemption makes room), and keep asking until the job runs: nodes that
+        stand idle while its workers start would be taken away again."""
+        head = self.jobs.get(decision.head) if decision.head else None
+        if head is not None and head.state.is_pending and not (decision.preempt or decision.resize):
+            smallest = request(head)
+            smallest = smallest.at_size(smallest.allowed_sizes()[-1])
+            admitted = [allocation(self.jobs[job_id]) for job_id, _ in decision.admit]
+            free = free_capacity(self.policy.nodes, running + admitted)
+            plan = (
+                None
+                if place(smallest, free)
+                else autoscale.nodes_to_add(smallest, free, self.node_types, self.scale_left)
+            )
+            if plan and head.id not in self.scaling_for:
+                self.scaling_for[head.id] = autoscale.describe(plan, self.node_types)
+                head.log("autoscaler-requested", now, nodes=self.scaling_for[head.id])
+                self.lifecycle.save(head)
+        for job_id in list(self.scaling_for):
+            job = self.jobs.get(job_id)
+            if job is None or not (job.state.is_pending or job.state is JobState.ADMITTED):
+                del self.scaling_for[job_id]  # running, or it will not run: withdrawn
+            elif job.state.is_pending:
+                self.notes[job_id] = f"waiting for the autoscaler: {self.scaling_for[job_id]}"
+        bundles = []
+        if self.scaling_for:  # what runs, plus what waits for nodes: Ray sizes the cluster to hold all
+            for job in self.jobs.values():
+                size = job.placement_size if job.state.holds_resources else 0
+                if not size and job.id in self.scaling_for:
+                    size = min(request(job).allowed_sizes())
+                bundles += [dict(job.per_worker)] * size
+        self.standing.set(bundles)
 
 
 def draining_nodes() -> set[str]:

@@ -150,9 +150,12 @@ class Lifecycle:
         )
         self.requeue(job, now, backoff=True)
 
-    def node_lost(self, job: JobRecord, nodes: list[str], now: float) -> None:
+    def node_lost(self, job: JobRecord, nodes: list[str], now: float, driver_gone: bool = False) -> None:
         """A node the job runs on died: back to its place in the queue (its first submission
-        time), to resume from its newest complete checkpoint on the nodes that remain."""
+        time), to resume from its newest complete checkpoint on the nodes that remain. Its
+        driver resumes it; one that is gone too is started again when the job is admitted."""
+        if driver_gone:
+            job.submission_id = None
         lost = self.steps_since_checkpoint(job)
         job.steps_lost += lost
         job.node_losses += 1

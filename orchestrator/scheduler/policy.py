@@ -209,10 +209,13 @@ class Policy:
         self.grow_after_s = grow_after_s
         self.set_nodes(nodes)
 
-    def set_nodes(self, nodes: Iterable[Node]) -> None:
-        """Replace the cluster's nodes (nodes come and go); later passes use these."""
+    def set_nodes(self, nodes: Iterable[Node], possible: Iterable[Node] | None = None) -> None:
+        """Replace the cluster's nodes (nodes come and go); later passes use these. `possible`:
+        the nodes it may grow to (an autoscaler's maximum); a job that fits those is not
+        refused, and waits at the head of the queue while the autoscaler adds nodes."""
         self.nodes = list(nodes)
-        # shape -> why it cannot fit the empty cluster (None: it can); a pure function of nodes
+        self.possible = self.nodes if possible is None else list(possible)
+        # shape -> why it cannot fit the largest cluster (None: it can); a pure function of nodes
         self._oversize: dict[Shape, str | None] = {}
 
     def rejection_reason(self, job: JobRequest) -> str | None:
@@ -222,13 +225,16 @@ class Policy:
         job is judged by its smallest size: it can start whenever that fits.
         """
         smallest = job.at_size(job.allowed_sizes()[-1])
-        return oversize_reason(smallest, self.nodes) or quota_reason(smallest, self.quotas)
+        reason = oversize_reason(smallest, self.possible)
+        if reason and len(self.possible) > len(self.nodes):
+            reason += f", counting the {len(self.possible) - len(self.nodes)} the autoscaler may still add"
+        return reason or quota_reason(smallest, self.quotas)
 
     def oversize_note(self, job: JobRequest, shape: Shape | None = None) -> str | None:
         """Why the job cannot start on the cluster as it is now, even empty; None if it can."""
         shape = shape or _shape(job)
         if shape not in self._oversize:
-            self._oversize[shape] = oversize_reason(job, self.nodes)
+            self._oversize[shape] = oversize_reason(job, self.possible)
         reason = self._oversize[shape]
         return None if reason is None else f"cannot start on the cluster as it is now: {reason}"
 

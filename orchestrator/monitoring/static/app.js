@@ -238,11 +238,15 @@
     return now ? now + "/" + range : range;
   }
 
-  /** The newest node events of the last hour: "3f2a9c1d joined 2m ago" */
+  /** The newest node events of the last hour ("3f2a9c1d joined 2m ago"), nodes draining, and
+   * what an autoscaler may still add ("autoscaler may add 2 gpu-8x") */
   function nodeEvents(info) {
     const recent = (info.node_events || []).filter((e) => since(e.time) < 3600).slice(-3);
     const draining = (info.draining || []).map((n) => n.slice(0, 8) + " draining");
-    return draining.concat(recent.map((e) => e.node.slice(0, 8) + " " + e.event + " " + fmtDuration(since(e.time)) + " ago"));
+    const events = draining.concat(recent.map((e) => e.node.slice(0, 8) + " " + e.event + " " + fmtDuration(since(e.time)) + " ago"));
+    if (!info.autoscaler) return events;
+    const room = Object.entries(info.autoscaler.may_add).filter(([, n]) => n).map(([name, n]) => n + " " + name);
+    return events.concat(["autoscaler may add " + (room.join(", ") || "none")]);
   }
 
   function renderInfo(info) {
@@ -255,7 +259,7 @@
     const total = Object.values(counts).reduce((a, b) => a + (b || 0), 0);
     const active = STATES.filter((s) => ACTIVE.has(s)).reduce((a, s) => a + (counts[s] || 0), 0);
     const facts = [
-      ["Nodes", [fmtInt(info.nodes)].concat(nodeEvents(info)).join(" · "), "nodes Ray lists alive, and the newest nodes that joined, left or were lost"],
+      ["Nodes", [fmtInt(info.nodes)].concat(nodeEvents(info)).join(" · "), "nodes Ray lists alive, the newest nodes that joined, left or were lost, and the nodes an autoscaler may still add"],
       ["Jobs", fmtInt(active) + " active · " + fmtInt(total) + " total", "active: admitted, running or stopping"],
       ["Service up", fmtDuration(since(info.started_at)), "since " + fmtDate(info.started_at)],
       ["Generation", fmtInt(info.generation), "how many times a service has taken over this store"],
