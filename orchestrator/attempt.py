@@ -151,6 +151,7 @@ class Attempt:
             "checkpoint": self.last_checkpoint,
             "workers_started": self.workers_started,
             "restarts": self.restarts,
+            "start_step": self.checkpoint_step if self.training else None,  # where this run began
         }
 
     def _show(self, event) -> None:

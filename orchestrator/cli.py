@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
 
 from core.spec import SpecError
@@ -57,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.handler(args)
+        status = args.handler(args)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return status
+    except BrokenPipeError:  # `orchestrator metrics --csv | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit either
+        return 128 + signal.SIGPIPE  # what a command killed by SIGPIPE returns
     except SpecError as err:
         return report_spec_error(err)
     except UsageError as err:

@@ -25,6 +25,7 @@ from core.run_folder import run_name
 from core.spec import JobSpec
 from core.summary import print_summary, write_summary
 from orchestrator.attempt import Attempt, Stopped, on_sigterm, raise_if_stopped
+from orchestrator.errors import UsageError
 from orchestrator.monitoring.terminal import Display
 from orchestrator.ray import cluster
 from orchestrator.scheduler import client as service_client
@@ -32,12 +33,33 @@ from orchestrator.scheduler import client as service_client
 EXIT = {"succeeded": 0, "stopped_early": 0, "failed": 1, "stopped": 1}
 
 
+def storage_from_here(path: str, job_id: str | None, tag: str) -> str:
+    """A relative path, as the user meant it. Under `ray job submit` this process runs in Ray's
+    temporary copy of the working directory: resolve against the directory it was submitted
+    from where that is known for sure, else refuse (checkpoints there would be deleted)."""
+    path = os.path.expanduser(path)
+    if os.path.isabs(path) or job_id or service_client.own_submission_id() is None:
+        return path  # (the service's own drivers get absolute paths from submission)
+    from orchestrator.ray.origin import submitted_from
+
+    origin = submitted_from()
+    if origin is None:
+        raise UsageError(
+            f"checkpoint.storage '{path}' is relative, and `ray job submit` runs the job in a "
+            "temporary copy of its working directory, deleted with the cluster, without saying "
+            "where it came from: give an absolute path or a URI (--set checkpoint.storage=$PWD/"
+            f"{path.removeprefix('./')}), or submit with `orchestrator submit`"
+        )
+    print(f"{tag} checkpoint.storage '{path}' is relative: in {origin}, where it was submitted from")
+    return os.path.join(origin, path)
+
+
 def run(
     spec: JobSpec, address: str | None = None, summary_path: str | None = None, job_id: str | None = None
 ) -> int:
-    if "://" not in spec.checkpoint.storage:  # workers run in other directories
-        spec.checkpoint.storage = os.path.abspath(os.path.expanduser(spec.checkpoint.storage))
     tag = f"[{spec.name}]"
+    if "://" not in spec.checkpoint.storage:  # workers run in other directories
+        spec.checkpoint.storage = os.path.abspath(storage_from_here(spec.checkpoint.storage, job_id, tag))
     try:
         address = cluster.driver_address(address)
         needed_cpus = math.ceil(spec.resources.max_workers * spec.resources.cpus_per_worker)

@@ -9,6 +9,14 @@ TRITON_VERSION=3.7.1   # the Triton release torch 2.13 is built against
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
+# Ray's own clients (`ray job submit`, `ray status`) send the cluster's auth token only when
+# RAY_AUTH_MODE=token; the heads `orchestrator up` starts require one (docs/ray.md, Token authentication).
+if ! grep -q "orchestrator: RAY_AUTH_MODE" .venv/bin/activate; then
+  cat >> .venv/bin/activate <<'HOOK'
+# orchestrator: RAY_AUTH_MODE=token, so that Ray's own clients send the token in ~/.ray/auth_token
+if [ -z "${RAY_AUTH_MODE:-}" ]; then export RAY_AUTH_MODE=token; fi
+HOOK
+fi
 . .venv/bin/activate
 # skip the installs when nothing they depend on changed since the last successful one
 stamp=".venv/.installed-$(cat pyproject.toml "$0" | sha256sum | cut -c1-16)"

@@ -181,3 +181,14 @@ def test_up_refuses_options_it_cannot_honour_before_touching_any_cluster(cli, tm
     assert words in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "cluster.json").exists()
+
+
+def test_submit_with_no_service_known_says_to_start_one(cli, tmp_path):
+    env = {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "RAY_ADDRESS": "", "RAY_API_SERVER_ADDRESS": ""}
+    for args in (["jobs/convnet.yaml"], ["jobs/convnet.yaml", "--no-validate"]):
+        result = cli("submit", *args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(
+            "error: no orchestrator service known here: start one with `orchestrator up`"
+        )
+        assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1

@@ -53,6 +53,24 @@ def queued(life, job_id="job-1"):
     return job
 
 
+def test_waited_counts_only_the_time_in_the_queue(life):
+    job = queued(life)  # submitted now: its first wait starts at submission
+    start = job.submitted_at
+    life.admit(job, {"node-a": 1}, now=start + 4.0)
+    life.mark_running(job, attempt=1)
+    job.step_time_s, job.total_steps, job.step = 0.5, 100, 40
+    assert job.waited(start + 500.0) == 4.0  # running: the clock of the wait is stopped
+    life.request_stop(job, "preempt", now=start + 100.0)
+    life.preempted(job, now=start + 101.0, acknowledged=True)
+    assert job.waited(start + 111.0) == 14.0  # waiting again: 4 s before, 10 s since
+    assert job.remaining_s is None  # no estimate while it waits
+    life.admit(job, {"node-b": 1}, now=start + 121.0)
+    assert job.waited(start + 999.0) == 24.0 and job.step_time_s is None  # this attempt measures anew
+    life.mark_running(job, attempt=2)
+    job.step_time_s = 0.25
+    assert job.remaining_s == 15.0  # (100 - 40) x 0.25, from the new attempt's step time
+
+
 def test_a_preempted_job_goes_round_and_ends(life):
     job = queued(life)
     life.admit(job, {"node-a": 1}, now=1.0)

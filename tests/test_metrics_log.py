@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -371,6 +372,22 @@ def test_metrics_prints_a_table(logged_run, capsys):
         assert header in out
     assert "90.00%" in out  # eval accuracy at step 400, as a percentage
     assert "Traceback" not in out
+
+
+def test_metrics_piped_into_head_ends_quietly(tmp_path):
+    """`orchestrator metrics --csv RUN | head`: the reader leaves early, and no traceback follows
+    (every command: the CLI's entry point handles it)."""
+    writer = MetricsWriter(str(tmp_path / "long"), flush_every_s=0)
+    writer.rewind([])
+    writer.append([train_record(step) for step in range(1, 20_001)])  # far more than a pipe holds
+    argv = [sys.executable, "-m", "orchestrator", "metrics", str(tmp_path / "long"), "--csv"]
+    pipeline = f"{shlex.join(argv)} | head -n 2; echo status=${{PIPESTATUS[0]}} >&2"
+    done = subprocess.run(
+        ["bash", "-c", pipeline], cwd=ROOT, capture_output=True, text=True, timeout=120, env=os.environ
+    )
+    assert len(done.stdout.splitlines()) == 2
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert "status=141" in done.stderr  # as a command killed by SIGPIPE, e.g. cat
 
 
 def test_metrics_tail_and_run_folder_path(logged_run, capsys):

@@ -7,6 +7,7 @@ Debian's `prometheus` (with `promtool`) and `chromium` + `chromium-driver` are i
 .ci/run where apt is available; a test that needs one skips only when it is not installed.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -24,6 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.monitoring.exporter import EXPORTED
+from orchestrator.monitoring.prometheus_config import DISCOVERY_FILE, prometheus_config
 from tests.conftest import ROOT
 
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -104,24 +106,24 @@ def test_a_running_jobs_metrics_move_and_pass_promtool(service, running, tmp_pat
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_the_shipped_prometheus_config_is_the_one_up_writes_for_the_default_addresses():
+    assert (ROOT / "deploy/prometheus/prometheus.yml").read_text() == prometheus_config()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(300)
-def test_a_prometheus_server_with_the_shipped_config_finds_the_jobs_loss(service, running, tmp_path):
+@contextlib.contextmanager
+def prometheus(config: str, tmp_path: Path):
+    """A real Prometheus (Debian's package) with `config` (scraping every second); yields a
+    function from a PromQL query to its result, [] until there is one."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.skip("Prometheus is not installed here (apt-get install prometheus)")
-    page = urllib.parse.urlparse(service.page)
-    config = (ROOT / "deploy/prometheus/prometheus.yml").read_text()
-    config = config.replace('["127.0.0.1:8266"]', f'["{page.hostname}:{page.port}"]')
-    config = config.replace("scrape_interval: 5s", "scrape_interval: 1s")
-    discovery = Path(service.head.temp_dir) / "ray" / "prom_metrics_service_discovery.json"
-    config = config.replace("/tmp/ray/prom_metrics_service_discovery.json", str(discovery))
-    (tmp_path / "prometheus.yml").write_text(config)
+    (tmp_path / "prometheus.yml").write_text(config.replace("scrape_interval: 5s", "scrape_interval: 1s"))
     port = _free_port()
     server = subprocess.Popen(
         [
@@ -133,22 +135,39 @@ def test_a_prometheus_server_with_the_shipped_config_finds_the_jobs_loss(service
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "prometheus.log", "w"),
     )
+
+    def query(promql: str) -> list:
+        try:
+            answer = fetch(f"http://127.0.0.1:{port}/api/v1/query?query={urllib.parse.quote(promql)}")
+        except OSError:
+            return []  # still starting
+        return json.loads(answer)["data"]["result"]
+
     try:
-        query = urllib.parse.quote(f'orchestrator_train_loss{{job="{running}"}}')
-        deadline, result = time.time() + 90, []
-        while time.time() < deadline and not result:
-            time.sleep(1)
-            try:
-                answer = json.loads(fetch(f"http://127.0.0.1:{port}/api/v1/query?query={query}"))
-                result = answer["data"]["result"]
-            except OSError:
-                continue  # still starting
-        assert result, (tmp_path / "prometheus.log").read_text()[-3000:]
-        assert result[0]["metric"]["job"] == running  # honor_labels: our job label, not the scrape job's
-        assert math.isfinite(float(result[0]["value"][1]))
+        yield query
     finally:
         server.terminate()
         server.wait(30)
+
+
+def wait_for(query, promql: str, tmp_path: Path, timeout: float = 90.0) -> list:
+    deadline, result = time.time() + timeout, []
+    while time.time() < deadline and not result:
+        time.sleep(1)
+        result = query(promql)
+    assert result, f"{promql}: nothing; " + (tmp_path / "prometheus.log").read_text()[-3000:]
+    return result
+
+
+@pytest.mark.timeout(300)
+def test_a_prometheus_server_with_the_shipped_config_finds_the_jobs_loss(service, running, tmp_path):
+    page = urllib.parse.urlparse(service.page)
+    discovery = Path(service.head.temp_dir) / "ray" / DISCOVERY_FILE
+    config = prometheus_config(f"{page.hostname}:{page.port}", str(discovery))  # the shipped one's shape
+    with prometheus(config, tmp_path) as query:
+        result = wait_for(query, f'orchestrator_train_loss{{job="{running}"}}', tmp_path)
+        assert result[0]["metric"]["job"] == running  # honor_labels: our job label, not the scrape job's
+        assert math.isfinite(float(result[0]["value"][1]))
 
 
 def _browser():

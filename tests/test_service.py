@@ -12,9 +12,11 @@ durable job table (the JSON files in its store) to see what it decided and when.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -55,6 +57,15 @@ def test_jobs_that_do_not_fit_together_run_one_after_the_other(service, tmp_path
     assert a["step"] == b["step"] == 30
     queue = service.cli("queue", "--all")
     assert queue.returncode == 0 and first in queue.stdout and "succeeded" in queue.stdout
+    # the same name again continues its run, and says so: at submission and in its history
+    again = service.submit("train.eval_every=10", name="gang-a", steps=40, extra=("--wait",))
+    assert "resuming run gang-a: its newest checkpoint is at step 30" in again.stderr, again.stderr
+    third = again.stdout.split()[0]
+    assert f"[{third}] resuming run gang-a from step 30" in again.stdout, again.stdout
+    assert f"[{third}] eval at step 40: loss " in again.stdout  # evaluations and checkpoints show
+    assert f"[{third}] checkpoint at step 40: " in again.stdout
+    assert f"[{third}] succeeded: 40 steps, train loss " in again.stdout and ", eval loss " in again.stdout
+    assert train_steps(service.runs / "gang-a") == list(range(5, 41, 5))  # each step once
 
 
 @pytest.mark.timeout(600)
@@ -175,6 +186,15 @@ def test_the_queue_survives_the_service_actor_dying(service):
 @pytest.mark.timeout(600)
 def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(service):
     job_id = service.submit("checkpoint.every_steps=100", name="survivor", steps=1500)
+    # `orchestrator logs --follow` with the id submit printed follows the job across its drivers
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "logs", "--follow", job_id],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **service.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     job = service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 150, what="progress")
     ray = str(Path(sys.executable).parent / "ray")
     stop = subprocess.run(
@@ -194,6 +214,14 @@ def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(ser
     assert job["summary"]["resumed_from"]["checkpoint"].endswith(f"checkpoint_{resumed:08d}")
     steps = train_steps(service.runs / "survivor")
     assert steps == list(range(5, 1501, 5))  # each step once
+    out, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0, out[-2000:] + err[-2000:]
+    assert f"job {job_id} succeeded" in err
+    headers = [line for line in out.splitlines() if line.startswith("==> ")]
+    assert [h.split()[1] for h in headers] == [f"{job_id}-a1", f"{job_id}-a2"], headers
+    assert f"resuming at step {resumed}" in out.split(headers[1])[1]  # the second driver's own log
+    printed = service.cli("logs", job_id).stdout  # and without --follow: both, oldest first
+    assert printed.index(f"==> {job_id}-a1") < printed.index(f"==> {job_id}-a2")
 
 
 @pytest.mark.timeout(600)
@@ -277,11 +305,83 @@ def test_up_starts_a_local_head_with_its_dashboard_and_down_stops_all_of_it(tmp_
         # Ray's workers (the service actor among them) run level with Ray's own processes
         workers = [p for p in head if p.name().startswith("ray::") and "Agent" not in p.name()]
         assert workers and all(p.nice() == 0 for p in workers)
+        _the_dashboard_opens_with_the_token_up_named(first.stdout, dashboard)
+        _prometheus_with_the_config_up_wrote_scrapes_both(first.stdout, tmp_path / "prometheus")
+        _ray_job_submit_from_a_fresh_shell(dashboard, tmp_path)
     finally:
         down = run_cli("down", env=env, timeout=120)
     assert down.returncode == 0 and "stopped the local Ray head" in down.stdout, down.stdout + down.stderr
     assert not [p for p in head if p.is_running() and p.status() != "zombie"]
     assert not (tmp_path / "home" / "cluster.json").exists()
+
+
+def _the_dashboard_opens_with_the_token_up_named(printed: str, dashboard: int) -> None:
+    """Ray's dashboard asks for the cluster's token once (its /api/authenticate sets a cookie):
+    `up` says where the token is, and it opens the dashboard."""
+    source = re.search(r"asks for the cluster's token once: paste the one in (\S+)", printed).group(1)
+    token = Path(source).read_text().strip()
+    base = f"http://127.0.0.1:{dashboard}"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{base}/api/jobs/", timeout=10)
+    assert refused.value.code == 401  # without it
+    login = urllib.request.Request(
+        f"{base}/api/authenticate", method="POST", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(login, timeout=10) as reply:
+        cookie = reply.headers["Set-Cookie"].split(";")[0]
+    with urllib.request.urlopen(
+        urllib.request.Request(f"{base}/api/jobs/", headers={"Cookie": cookie})
+    ) as jobs:
+        assert jobs.status == 200
+
+
+def _prometheus_with_the_config_up_wrote_scrapes_both(printed: str, tmp_path: Path) -> None:
+    """The config `up` printed, in a real Prometheus: the service's endpoint and Ray's own
+    (through the discovery file of the head `up` started) are both up."""
+    from tests.test_monitoring import prometheus, wait_for
+
+    tmp_path.mkdir()
+    config = Path(re.search(r"prometheus --config.file=(\S+)", printed).group(1)).read_text()
+    with prometheus(config, tmp_path) as query:
+        for target in ("orchestrator", "ray"):
+            result = wait_for(query, f'up{{job="{target}"}} == 1', tmp_path)
+            assert result, target
+
+
+def _ray_job_submit_from_a_fresh_shell(dashboard: int, tmp_path: Path) -> None:
+    """The README's `ray job submit --working-dir . -- ./jobs/...yaml`, after `orchestrator up`, in
+    a shell with nothing but the project's virtualenv activated: Ray's own client gets the
+    head's token, and the spec's relative `./runs` lands where it was submitted from."""
+    name = f"fresh-shell-{os.getpid()}"
+    job = "./jobs/convnet.yaml --set train.steps=5 --set resources.num_workers=1 --set name=" + name
+    activate = Path(sys.executable).parent / "activate"
+    fresh = {
+        "HOME": os.environ["HOME"],
+        "PATH": "/usr/bin:/bin",
+        "RAY_ADDRESS": f"http://127.0.0.1:{dashboard}",
+    }
+
+    def submit(working_dir: Path) -> subprocess.CompletedProcess:
+        script = f". {activate} && ray job submit --working-dir . -- {job}"
+        return subprocess.run(
+            ["bash", "-c", script], cwd=working_dir, env=fresh, capture_output=True, text=True, timeout=300
+        )
+
+    runs = ROOT / "runs" / name
+    try:
+        done = submit(ROOT)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert f"is relative: in {ROOT}, where it was submitted from" in done.stdout
+        assert (runs / "checkpoint_00000005" / "trainer.pt").is_file()  # not in Ray's temporary copy
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+    # submitted from a directory nobody recorded: its origin is unknown, so the path is refused
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(ROOT / "jobs", elsewhere / "jobs")
+    refused = submit(elsewhere)
+    assert refused.returncode != 0
+    assert "error: checkpoint.storage './runs' is relative, and `ray job submit` runs" in refused.stdout
+    assert not (elsewhere / "runs").exists() and not runs.exists()
 
 
 def test_the_service_process_never_loads_the_data_plane(service):

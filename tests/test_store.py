@@ -56,9 +56,12 @@ def test_states(tmp_path):
     assert {s for s in JobState if s.is_terminal} == {JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}
 
 
-def test_remaining_time_comes_from_measured_step_times():
-    assert record(total_steps=100, step=40).remaining_s is None
-    assert record(total_steps=100, step=40, step_time_s=0.5).remaining_s == 30.0
+def test_remaining_time_comes_from_measured_step_times_while_it_runs():
+    running = JobState.RUNNING
+    assert record(total_steps=100, step=40, state=running).remaining_s is None
+    assert record(total_steps=100, step=40, step_time_s=0.5, state=running).remaining_s == 30.0
+    for state in (JobState.QUEUED, JobState.PREEMPTED, JobState.ADMITTED, JobState.SUCCEEDED):
+        assert record(total_steps=100, step=40, step_time_s=0.5, state=state).remaining_s is None
 
 
 def test_the_lease_keeps_a_second_service_out_until_it_expires(tmp_path):

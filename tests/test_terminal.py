@@ -53,7 +53,7 @@ def test_submit_wait_ends_with_a_result_line_and_writes_the_summary(monkeypatch,
     assert follow_queued(FinishedJobService(), ["job-1"], summary_path=str(summary)) == 0
     out = capsys.readouterr().out
     assert "[job-1] queued (priority 0)" in out
-    assert "[job-1] succeeded: 30 steps, accuracy 90.00%, 100 samples/s, checkpoint /c" in out
+    assert "[job-1] succeeded: 30 steps, eval accuracy 90.00%, 100 samples/s, checkpoint /c" in out
     assert json.loads(summary.read_text())["steps"] == 30
     # a summary that cannot be written: one line, exit 2, the job's result already shown
     blocked = tmp_path / "file"
@@ -62,3 +62,46 @@ def test_submit_wait_ends_with_a_result_line_and_writes_the_summary(monkeypatch,
     err = capsys.readouterr().err
     assert err.startswith(f"error: --summary {blocked / 's.json'}: cannot write it")
     assert len(err.splitlines()) == 1
+
+
+class TrainingJobService:
+    """A job seen running (a checkpoint saved, an evaluation made), then finished."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def status(self, job_id):
+        self.calls += 1
+        view = {
+            "id": job_id,
+            "history": [],
+            "total_steps": 20,
+            "last_checkpoint": "/runs/j/checkpoint_00000010",
+        }
+        if self.calls == 1:
+            return {**view, "state": "running"}
+        summary = {
+            "steps": 20,
+            "final_train_loss": 0.25,
+            "eval": {"eval_loss": 0.3125, "eval_accuracy": 0.905},
+        }
+        return {**view, "state": "succeeded", "summary": summary}
+
+    def metrics_since(self, job_id, step):
+        train = {"step": 10, "loss": 0.5, "samples_per_s": 100.0}
+        return [train, {"step": 10, "eval_loss": 0.3125, "eval_accuracy": 0.905}]
+
+
+def test_submit_wait_shows_checkpoints_and_evaluations_and_labels_the_losses(monkeypatch, capsys):
+    from orchestrator.commands.submit import follow_queued
+    from orchestrator.scheduler import client
+
+    monkeypatch.setattr(client, "call", lambda method, *args, **kw: method(*args))
+    assert follow_queued(TrainingJobService(), ["j"], poll_s=0) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out.count("[j] checkpoint at step 10: /runs/j/checkpoint_00000010") == 1
+    assert out.count("[j] eval at step 10: loss 0.3125, accuracy 90.50%") == 1
+    assert out[-1] == (
+        "[j] succeeded: 20 steps, train loss 0.2500, eval loss 0.3125, eval accuracy 90.50%, "
+        "checkpoint /runs/j/checkpoint_00000010"
+    )

@@ -13,7 +13,7 @@ import functools
 import sys
 
 from orchestrator.cli import UsageError
-from orchestrator.commands.queue import workers_text
+from orchestrator.commands.queue import duration_text, workers_text
 
 
 def ray_job_ended(status: str) -> bool:
@@ -163,7 +163,12 @@ def print_queued_job(job: dict) -> None:
     if job.get("last_checkpoint"):
         print(f"  checkpoint: {job['last_checkpoint']}")
     if job.get("submission"):
-        print(f"  Ray Job:    {job['submission_id'] or job['submission']}")
+        runs = job["submission"]
+        since = runs.rsplit("-a", 1)[-1]  # a driver waits through a preemption: one runs several
+        shared = f", its driver since attempt {since}" if since != str(job["attempt"]) else ""
+        print(f"  Ray Job:    {runs} (attempt {job['attempt']}{shared})")
+    waited, eta = duration_text(job.get("waited_s")), duration_text(job.get("remaining_s"))
+    print(f"  waited:     {waited} in the queue   ETA: {eta}")
     if job.get("note") or job.get("reason"):
         print(f"  note:       {job.get('note') or job.get('reason')}")
     print("  history:")
@@ -233,16 +238,62 @@ def handle_list(args) -> int:
 
 @with_cluster_errors
 def handle_logs(args) -> int:
-    client, text = _call(args, "get_job_logs", args.job_id)
-    if not args.follow:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return 0
-    return follow(client, args.job_id)
+    client, drivers = _call(args, "list_jobs")
+    if any(d.submission_id == args.job_id for d in drivers) or not drivers_of(drivers, args.job_id):
+        client, text = _call(args, "get_job_logs", args.job_id)  # a Ray Job's own id
+        if not args.follow:
+            sys.stdout.write(text)
+            return 0
+        return follow(client, args.job_id)
+    return queued_job_logs(args, client)
 
 
-def follow(client, job_id: str) -> int:
-    """Stream a job's logs until it ends; exit 0 if it succeeded, 1 otherwise."""
+def drivers_of(drivers: list, job_id: str) -> list:
+    """The Ray Jobs that ran a queued job's attempts (the service tags each with the job's id),
+    oldest first."""
+    mine = [d for d in drivers if (d.metadata or {}).get("orchestrator_job") == job_id]
+    return sorted(mine, key=lambda d: d.start_time or 0)
+
+
+def queued_job_logs(args, client) -> int:
+    """The logs of every Ray Job that ran the job, oldest first, each under a header; with
+    --follow, the newest as it runs, then the next ones, until the job ends."""
+    import time
+
+    shown: set[str] = set()
+    waiting_said, last = False, 1
+    while True:
+        drivers = [d for d in drivers_of(client.list_jobs(), args.job_id) if d.submission_id not in shown]
+        for driver in drivers:
+            sid = driver.submission_id
+            attempt = (driver.metadata or {}).get("attempt", "?")
+            print(f"==> {sid} (attempt {attempt}, Ray Job {driver.status.value.lower()}) <==", flush=True)
+            shown.add(sid)
+            if args.follow and not ray_job_ended(str(client.get_job_status(sid).value)):
+                last = follow(client, sid, verdict=False)
+                waiting_said = False
+            else:
+                sys.stdout.write(client.get_job_logs(sid))
+                last = 0 if driver.status.value == "SUCCEEDED" else 1
+        if not args.follow:
+            return 0
+        job = _queued_job(args, "status", args.job_id)
+        if job is None:  # no service to ask: the newest driver's outcome is the job's
+            return last
+        state = job["state"]
+        if state in ("succeeded", "failed", "stopped"):
+            reason = f": {job['reason']}" if job and job.get("reason") else ""
+            print(f"job {args.job_id} {state}{reason}", file=sys.stderr)
+            return 0 if state == "succeeded" else 1
+        if not waiting_said:
+            print(f"--- {args.job_id} is {state}; waiting for its next attempt", file=sys.stderr)
+            waiting_said = True
+        time.sleep(2.0)
+
+
+def follow(client, job_id: str, verdict: bool = True) -> int:
+    """Stream a Ray Job's logs until it ends; exit 0 if it succeeded, 1 otherwise (and, with
+    `verdict`, say so)."""
 
     async def stream():
         async for lines in client.tail_job_logs(job_id):
@@ -262,10 +313,14 @@ def follow(client, job_id: str) -> int:
             if ray_job_ended(status):
                 break
     if status == "SUCCEEDED":
-        print(f"job {job_id} succeeded", file=sys.stderr)
+        if verdict:
+            print(f"job {job_id} succeeded", file=sys.stderr)
         return 0
     message = (job.message or "").strip().splitlines()
-    print(f"error: job {job_id} {status.lower()}" + (f": {message[-1]}" if message else ""), file=sys.stderr)
+    if verdict:
+        print(
+            f"error: job {job_id} {status.lower()}" + (f": {message[-1]}" if message else ""), file=sys.stderr
+        )
     return 1
 
 

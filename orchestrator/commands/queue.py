@@ -45,16 +45,20 @@ def required_service(address: str | None):
     return client.connected_service(address, required=True)
 
 
-def _ago(t: float | None) -> str:
-    if not t:
+def duration_text(seconds: float | None) -> str:
+    """H:MM:SS, the one format of the queue's durations; '-' when unknown."""
+    if seconds is None:
         return "-"
-    seconds = int(max(time.time() - t, 0))
+    seconds = int(max(seconds, 0))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _ago(t: float | None) -> str:
+    return duration_text(time.time() - t) if t else "-"
+
+
 def _eta(job: dict) -> str:
-    remaining = job.get("remaining_s")
-    return "-" if remaining is None else f"{int(remaining // 60)}m{int(remaining % 60):02d}s"
+    return duration_text(job.get("remaining_s"))
 
 
 def workers_text(job: dict) -> str:
@@ -103,7 +107,6 @@ def handle_queue(args) -> int:
         "stopped": "yellow",
     }
     for job in jobs:
-        waited = job["admitted_at"] - job["submitted_at"] if job.get("admitted_at") else None
         step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job.get("step") or 0)
         state = job["state"]
         table.add_row(
@@ -112,7 +115,7 @@ def handle_queue(args) -> int:
             str(job["priority"]),
             f"[{colors.get(state, 'white')}]{state}[/]",
             _resources(job),
-            _ago(job["submitted_at"]) if waited is None else f"{int(waited)}s",
+            duration_text(job.get("waited_s")),
             step,
             _eta(job),
             job.get("note") or job.get("reason") or "",

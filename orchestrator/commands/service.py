@@ -224,6 +224,7 @@ def handle_up(args) -> int:
             wait_for_free_store(store)
         service = existing or ServiceActor.options(**service_options()).remote(config)
         info = client.call(service.info, retries=30)
+        ray_temp_dir = state.get("temp_dir") or cluster.connected_temp_dir()
     cluster.write_state(
         {
             **recorded,
@@ -234,6 +235,9 @@ def handle_up(args) -> int:
             "status_page": info.get("status_page"),
         }
     )
+    from orchestrator.ray.origin import remember
+
+    remember(os.getcwd())  # where jobs are likely submitted from (for `ray job submit`)
     verb = "already running" if existing else "up"
     print(
         f"orchestrator service {verb} (generation {info['generation']}, {info['nodes']} node(s)) "
@@ -241,11 +245,36 @@ def handle_up(args) -> int:
     )
     print(f"  cluster:   {address}")
     print(f"  dashboard: {dashboard}")
+    token = cluster.token_source() if cluster.use_token_if_available() else None
+    if token:  # Ray's dashboard asks for it once, then keeps it in a cookie
+        print(f"             it asks for the cluster's token once: paste the one in {token}")
     print(f"  job store: {info['store']}")
     if info.get("status_page"):
         print(f"  status:    {info['status_page']}   (Prometheus: {info['status_page'].rstrip('/')}/metrics)")
+        config = write_prometheus_config(info["status_page"], ray_temp_dir)
+        print(f"  prometheus --config.file={config}   (scrapes the service and Ray's own metrics)")
     print("  submit a job with: orchestrator submit jobs/vit.yaml")
     return 0
+
+
+def write_prometheus_config(status_page: str, ray_temp_dir: str | None) -> str:
+    """A Prometheus config for this cluster, beside the CLI's state: the service's endpoint and
+    the service discovery file of Ray's head (under the temp dir it was started with)."""
+    from urllib.parse import urlparse
+
+    from orchestrator.monitoring.prometheus_config import (
+        DEFAULT_DISCOVERY,
+        DISCOVERY_FILE,
+        prometheus_config,
+    )
+    from orchestrator.ray import cluster
+
+    page = urlparse(status_page)
+    discovery = os.path.join(ray_temp_dir, DISCOVERY_FILE) if ray_temp_dir else DEFAULT_DISCOVERY
+    path = cluster.home() / "prometheus.yml"
+    note = f"this cluster's: {ray_temp_dir or '/tmp/ray'}"
+    path.write_text(prometheus_config(f"{page.hostname}:{page.port}", discovery, str(path), note))
+    return str(path)
 
 
 def wait_for_free_store(uri: str) -> None:

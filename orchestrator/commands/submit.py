@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from core.jobs import TERMINAL_VALUES
-from core.records import is_train
+from core.records import eval_fields, is_eval, is_train
+from core.run_folder import checkpoint_step
 from core.spec import JobSpec
 from orchestrator.cli import UsageError, add_spec_arguments
 from orchestrator.commands.jobs import add_address_argument, follow, with_cluster_errors
@@ -89,11 +90,13 @@ def handle(args) -> int:
         name = str(raw.get("name") or Path(args.spec).stem)
         section = raw.get("checkpoint") if isinstance(raw.get("checkpoint"), dict) else {}
         storage = str(section.get("storage", CheckpointSpec().storage))
+        require_a_cluster(args)
     else:
         from orchestrator.commands.run import load_runnable
 
         spec = load_runnable(args.spec, args.overrides)  # the one parse; bad specs fail here, exit 2
         check_storage(spec)
+        require_a_cluster(args)
         queued = submit_to_service(args, spec)
         if queued is not None:
             return queued
@@ -101,14 +104,18 @@ def handle(args) -> int:
     working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
     if not working_dir.is_dir():
         raise UsageError(f"--working-dir {working_dir}: not a directory")
-    command = entrypoint(args.spec, args.overrides, working_dir)
-    if "://" not in storage and not os.path.isabs(storage):
+    overrides = list(args.overrides)
+    if "://" not in storage and not os.path.isabs(os.path.expanduser(storage)):
+        # the job runs in Ray's temporary copy of the working directory: resolve it here
+        absolute = os.path.abspath(os.path.expanduser(storage))
+        overrides.append(f"checkpoint.storage={absolute}")
         print(
-            f"warning: checkpoint.storage '{storage}' is relative: on the cluster it lands in"
-            " the job's temporary working directory; use shared storage (an absolute NFS path"
-            " or an s3://, gs://, hdfs:// URI) to keep checkpoints",
+            f"note: checkpoint.storage '{storage}' is relative: the job writes to {absolute} "
+            "(on a cluster of many machines, use shared storage: an NFS path or an s3://, gs://, "
+            "hdfs:// URI)",
             file=sys.stderr,
         )
+    command = entrypoint(args.spec, overrides, working_dir)
     submission_id = args.submission_id or f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     client = jobs_client(args.address)
     try:
@@ -125,6 +132,18 @@ def handle(args) -> int:
         print(f"follow it with: orchestrator logs {job_id} --follow", file=sys.stderr)
         return 0
     return follow(client, job_id)
+
+
+def require_a_cluster(args) -> None:
+    """Refuse, before reaching for a cluster, when nothing says where one is."""
+    from orchestrator.ray.cluster import read_state
+
+    known = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
+    if not (args.address or any(os.environ.get(name) for name in known) or read_state()):
+        raise UsageError(
+            "no orchestrator service known here: start one with `orchestrator up` (a local Ray "
+            "head and the service), or pass --address of a cluster that runs one"
+        )
 
 
 def check_storage(spec: JobSpec) -> None:
@@ -167,6 +186,9 @@ def submit_to_service(args, spec: JobSpec) -> int | None:
             specs, options = [spec], [{}]
         working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
         package = client.zip_project(working_dir)
+        from orchestrator.ray.origin import remember
+
+        remember(working_dir)  # a later `ray job submit` from here resolves relative paths here
         ids = []
         for job_spec, option in zip(specs, options):
             storage = job_spec.checkpoint.storage
@@ -184,6 +206,8 @@ def submit_to_service(args, spec: JobSpec) -> int | None:
                 f"{spec.name}`",
                 file=sys.stderr,
             )
+        if spec.sweep is None:
+            say_if_resuming(spec)
         if not args.wait:
             print(
                 f"follow it with: orchestrator status {ids[0]}   (the queue: orchestrator queue)",
@@ -191,6 +215,25 @@ def submit_to_service(args, spec: JobSpec) -> int | None:
             )
             return 0
         return follow_queued(service, ids, summary_path=args.summary)
+
+
+def say_if_resuming(spec: JobSpec) -> None:
+    """A run of this name has checkpoints: the job continues it (checkpoint.resume: auto)."""
+    from core.run_folder import checkpoints, run_name, run_uri
+
+    if spec.checkpoint.resume != "auto":
+        return
+    run = run_name(spec)
+    try:
+        saved = checkpoints(run_uri(spec, run))
+    except OSError:  # storage only the cluster reaches: the driver says it when it starts
+        return
+    if saved:
+        print(
+            f"resuming run {run}: its newest checkpoint is at step {checkpoint_step(saved[-1])} (the newest "
+            "complete one is used); --set checkpoint.resume=never starts a new run",
+            file=sys.stderr,
+        )
 
 
 def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path: str | None = None) -> int:
@@ -202,6 +245,8 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
 
     seen = {job_id: 0 for job_id in job_ids}
     last_step = {job_id: -1 for job_id in job_ids}
+    evals_shown = {job_id: set() for job_id in job_ids}  # steps whose evaluation was shown
+    checkpoint = {job_id: None for job_id in job_ids}
     views: dict[str, dict] = {}
     with Display() as display:
         while True:
@@ -218,9 +263,17 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
                     eta_s=job.get("remaining_s"),
                     note=job.get("note") if waiting else None,
                 )
+                if job.get("last_checkpoint") not in (None, checkpoint[job_id]):
+                    checkpoint[job_id] = uri = job["last_checkpoint"]
+                    display.event(job_id, f"checkpoint at step {checkpoint_step(uri)}: {uri}")
                 if job["state"] not in ("running", "stopping"):
                     continue
-                records = client.call(service.metrics_since, job_id, last_step[job_id])
+                # from the last step shown: an evaluation of that step may come in a later batch
+                records = client.call(service.metrics_since, job_id, last_step[job_id] - 1)
+                for r in records:
+                    if is_eval(r) and r["step"] not in evals_shown[job_id]:
+                        evals_shown[job_id].add(r["step"])
+                        display.event(job_id, f"eval at step {r['step']}: {', '.join(eval_parts(r))}")
                 train = [r for r in records if is_train(r)]
                 if train:
                     r = train[-1]
@@ -258,8 +311,18 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
 
 
 def describe_event(event: dict) -> str:
+    if event["event"] == "resuming":
+        return f"resuming run {event['run']} from step {event['step']} (its newest complete checkpoint)"
     detail = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("time", "event"))
     return event["event"] + (f" ({detail})" if detail else "")
+
+
+def eval_parts(metrics: dict) -> list[str]:
+    """['loss 0.3120', 'accuracy 90.50%'] for an eval record or the summary's eval section."""
+    return [
+        f"{name} {value:.2%}" if name.endswith("accuracy") else f"{name} {value:.4f}"
+        for name, value in eval_fields(metrics).items()
+    ]
 
 
 def result_line(view: dict) -> str:
@@ -268,10 +331,10 @@ def result_line(view: dict) -> str:
     parts = [f"[{view['id']}] {view['state']}"]
     if summary.get("steps") is not None:
         parts.append(f"{summary['steps']} steps")
-    for key, value in (summary.get("eval") or {}).items():
-        if isinstance(value, (int, float)):
-            shown = f"{value:.2%}" if key.endswith("accuracy") else f"{value:.4f}"
-            parts.append(f"{key.removeprefix('eval_')} {shown}")
+    if summary.get("final_train_loss") is not None:
+        parts.append(f"train loss {summary['final_train_loss']:.4f}")
+    # the last evaluation, labelled apart from the training loss
+    parts += [f"eval {part}" for part in eval_parts(summary.get("eval") or {})]
     if summary.get("samples_per_s"):
         parts.append(f"{summary['samples_per_s']:,.0f} samples/s")
     if summary.get("elapsed_s"):

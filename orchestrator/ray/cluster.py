@@ -80,6 +80,26 @@ def _have_token() -> bool:
         return False
 
 
+def connected_temp_dir() -> str | None:
+    """The temp dir of the cluster this process joined (where its head writes the Prometheus
+    service discovery file); None when Ray does not say."""
+    try:
+        import ray._private.worker
+
+        return ray._private.worker.global_worker.node.get_temp_dir_path()  # no public API has it
+    except Exception:  # not connected, or Ray changed: the caller falls back to Ray's default
+        return None
+
+
+def token_source() -> str | None:
+    """Where this machine's Ray clients take the token from, in Ray's order, to tell a person
+    (never the token itself); None when there is none."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "$RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    return path if os.path.isfile(path) else None
+
+
 def auth_message(where: str) -> str:
     if _have_token():
         return f"the Ray cluster at {where} rejected this machine's auth token; {TOKEN_HELP}"

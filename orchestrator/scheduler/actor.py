@@ -246,6 +246,11 @@ class OrchestratorService:
             if progress.get("checkpoint") and progress["checkpoint"] != job.last_checkpoint:
                 job.last_checkpoint = progress["checkpoint"]
                 changed = True
+            start = progress.get("start_step")
+            if start and job.attempt == 1 and "resuming" not in (e["event"] for e in job.history):
+                # a job run again under a name whose run has checkpoints continues that run
+                job.log("resuming", run=job.run, step=start)
+                changed = True
             if progress.get("workers_started") and job.state is JobState.ADMITTED:
                 self.lifecycle.mark_running(job, attempt)  # saves
             elif changed:
@@ -429,9 +434,13 @@ class OrchestratorService:
             view.pop("history")
         view["note"] = self.notes.get(job.id)
         view["remaining_s"] = job.remaining_s
+        view["waited_s"] = job.waited(time.time())
         res = job.spec.resources
         view["elastic"] = [res.min_workers, res.max_workers] if res.elastic else None
-        view["submission"] = submission_id(job.id, job.attempt) if job.attempt else None
+        # the Ray Job that runs it: a driver that waits through a preemption runs later attempts too
+        view["submission"] = job.submission_id or (
+            submission_id(job.id, job.attempt) if job.attempt else None
+        )
         return view
 
 

@@ -40,6 +40,10 @@ class Lifecycle:
         """Move `job` to `state` (an allowed transition), log `event` (default: the state's name)
         with `detail` in its history unless `quiet` (the caller logged why), and save it."""
         check_transition(job.id, job.state, state)
+        if state.is_pending and not job.state.is_pending:
+            job.pending_since = now  # back in the queue
+        elif job.state.is_pending and not state.is_pending:
+            job.waited_s, job.pending_since = job.waited(now), None
         job.state = state
         if not quiet:
             job.log(event or state.value, now, **detail)
@@ -50,6 +54,7 @@ class Lifecycle:
     def admit(self, job: JobRecord, placement: dict[str, int], now: float) -> None:
         job.attempt += 1
         job.placement, job.admitted_at, job.generation = dict(placement), now, self.generation
+        job.step_time_s = None  # this attempt measures its own (an elastic job may run at another size)
         workers, nodes = sum(placement.values()), len(placement)
         self.set_state(
             job, JobState.ADMITTED, now, attempt=job.attempt, workers=workers, nodes=nodes, step=job.step

@@ -78,6 +78,8 @@ class JobRecord:
     step: int = 0  # the newest step the job reported
     total_steps: int | None = None
     step_time_s: float | None = None  # measured, for the remaining-time estimate
+    waited_s: float = 0.0  # time spent waiting in the queue, over every wait that ended
+    pending_since: float | None = None  # when its current wait began (None: first wait, or not waiting)
     last_checkpoint: str | None = None
     package: str | None = None  # where its working_dir is kept
     generation: int = 0  # the service generation that admitted it
@@ -101,10 +103,17 @@ class JobRecord:
 
     @property
     def remaining_s(self) -> float | None:
-        """Estimated seconds left, from measured step times; None while unknown."""
-        if self.step_time_s is None or self.total_steps is None:
+        """Estimated seconds left while it runs, from this attempt's measured step times; None
+        while unknown or not running (a queued job has no honest estimate)."""
+        if self.state is not JobState.RUNNING or self.step_time_s is None or self.total_steps is None:
             return None
         return max(self.total_steps - self.step, 0) * self.step_time_s
+
+    def waited(self, now: float) -> float:
+        """Seconds spent waiting in the queue so far, the time it ran not counted."""
+        if not self.state.is_pending:
+            return self.waited_s
+        return self.waited_s + max(now - (self.pending_since or self.submitted_at), 0.0)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(dataclasses.replace(self, spec=None))  # the spec is no dataclass
