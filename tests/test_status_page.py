@@ -632,6 +632,33 @@ def save_full_page(driver, path: Path) -> None:
     assert driver.save_screenshot(str(path))
 
 
+def assert_scrolled_job_view_is_whole(browser) -> None:
+    """The job view, scrolled to: its title just below the sticky top bar (not under it), and
+    nothing but the bar above it, in a screenshot of the scrolled page."""
+    geometry = (
+        "const b = document.querySelector('.topbar').getBoundingClientRect();"
+        "const t = document.getElementById('job-name').getBoundingClientRect();"
+        "return [b.top, b.bottom, t.top, window.scrollY]"
+    )
+
+    def settled():
+        first = browser.execute_script(geometry)
+        time.sleep(0.3)  # a smooth scroll has ended when two looks agree
+        return first[3] > 0 and first == browser.execute_script(geometry) and first
+
+    bar_top, bar_bottom, title_top, _ = wait_for(settled, what="the scroll to the job view to end")
+    assert bar_top == 0 and bar_bottom <= title_top <= bar_bottom + 40, (bar_top, bar_bottom, title_top)
+    from PIL import Image
+
+    shot = Path(tempfile.mkdtemp()) / "scrolled.png"
+    assert browser.save_screenshot(str(shot))
+    image = Image.open(shot).convert("RGB")
+    ratio = image.width / browser.execute_script("return window.innerWidth")
+    bar = image.getpixel((int(6 * ratio), int((bar_bottom - 6) * ratio)))  # the bar's own background
+    top_rows = {image.getpixel((int(x * ratio), y)) for x in (6, 400, 900) for y in range(3)}
+    assert top_rows == {bar}, f"above the top bar: {top_rows - {bar}}"
+
+
 def test_page_shows_the_queue_and_live_curves(browser, registry):
     source = FakeService()
     server, url = serve(make_app(source, registry), "127.0.0.1", 0)
@@ -655,6 +682,17 @@ def test_page_shows_the_queue_and_live_curves(browser, registry):
         facts = browser.find_element("id", "facts").text
         assert "51c7e0aa draining" in facts and "77be01f2 joined 2m" in facts  # node events
         assert "autoscaler may add 2 gpu-8x" in facts and "cpu-16" not in facts  # room left to grow
+        # the running job's newest losses, as a line in its row, that follows the job
+        spark = browser.find_element("css selector", f'[data-job-id="{source.running_id}"] svg.spark')
+        wait_for(lambda: int(spark.get_attribute("data-points") or 0) >= 2, what="the loss sparkline")
+        newest = lambda: int(
+            re.search(r"–([\d,]+):", spark.get_attribute("aria-label")).group(1).replace(",", "")
+        )  # noqa: E731
+        shown = newest()
+        wait_for(lambda: newest() > shown, what="the sparkline to follow the job")
+        assert spark.is_displayed() and spark.size["width"] >= 100
+        drawn = "return [...document.querySelectorAll('svg.spark')].filter(s => s.dataset.points >= 2).length"
+        assert browser.execute_script(drawn) == 1  # only the running job has one
         assert "loss is not finite at or before step 3100" in table  # the failed job's reason
         failed_badge = browser.find_element("css selector", '[data-job-id^="gpt-nano-char"] .badge')
         assert "s-failed" in failed_badge.get_attribute("class")
@@ -666,6 +704,7 @@ def test_page_shows_the_queue_and_live_curves(browser, registry):
         rows[0].click()
         wait_for(lambda: points(browser, "loss") > 0, what="the loss curve")
         assert browser.current_url.endswith("#/jobs/" + source.running_id)
+        assert_scrolled_job_view_is_whole(browser)
         first = points(browser, "loss")
         assert first >= 320  # the 8,000 steps logged before the page opened, every 25 steps
         wait_for(lambda: points(browser, "loss") >= first + 10, what="new points on the loss curve")

@@ -146,7 +146,12 @@ def print_queued_job(job: dict) -> None:
         return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
 
     step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job.get("step"))
+    from orchestrator.ray.cluster import read_state
+
     print(f"{job['id']}: {job['state']}")
+    page = (read_state() or {}).get("status_page")
+    if page:
+        print(f"  page:       {page.rstrip('/')}/#/jobs/{job['id']}")
     print(
         f"  job:        {job['name']} (run {job['run']}), priority {job['priority']}, queue {job['queue']}"
         + (", preemptible" if job["preemptible"] else "")

@@ -208,6 +208,9 @@ def submit_to_service(args, spec: JobSpec) -> int | None:
             )
         if spec.sweep is None:
             say_if_resuming(spec)
+        page = client.call(service.info).get("status_page")
+        if page:
+            print(f"watch it: {page.rstrip('/')}/#/jobs/{ids[0]}", file=sys.stderr)
         if not args.wait:
             print(
                 f"follow it with: orchestrator status {ids[0]}   (the queue: orchestrator queue)",

@@ -4,6 +4,7 @@
     GET /static/...                      its script, styles and the vendored uPlot
     GET /api/info                        the service: generation, store, dashboard, nodes, counts
     GET /api/queue                       every job's view, plus its newest rates ("live", "restarts")
+                                         and a running job's newest losses ("loss_trail")
     GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)
     GET /api/jobs/{id}/metrics?since=N   the job's metrics records with step > N
     GET /metrics                         the registry in Prometheus' text format (404 without one)
@@ -16,6 +17,7 @@ they run in the loop's executor, never on the loop itself. Nothing here imports 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import math
 import threading
@@ -94,10 +96,13 @@ class LiveRates:
     the last step seen), so the queue shows throughput and MFU without the page reading every
     job's metrics. Finished jobs show their summary's whole-run figures instead."""
 
+    TRAIL = 120  # training losses of a running job's sparkline, the newest
+
     def __init__(self, source: PageSource):
         self.source = source
         self.lock = threading.Lock()
         self.newest: dict[str, tuple[int, dict | None]] = {}  # job id -> (last step seen, record)
+        self.trails: dict[str, collections.deque] = {}  # job id -> [step, loss] of its newest records
 
     def annotate(self, views: list[dict]) -> list[dict]:
         """Copies of `views`, each with "live" (its newest rates, or None) and "restarts"."""
@@ -105,9 +110,12 @@ class LiveRates:
         active = set()
         for view in views:
             job_id, state = view.get("id"), view.get("state")
+            view["loss_trail"] = None
             if state in HOLDING_VALUES:  # their rates change while we watch
                 active.add(job_id)
                 view["live"] = self._running(job_id)
+                with self.lock:
+                    view["loss_trail"] = list(self.trails.get(job_id, ()))
             elif state in TERMINAL_VALUES:
                 view["live"] = self._summary(view.get("summary"))
             else:
@@ -116,6 +124,7 @@ class LiveRates:
         with self.lock:  # forget jobs that stopped running
             for job_id in set(self.newest) - active:
                 del self.newest[job_id]
+                self.trails.pop(job_id, None)
         return views
 
     def _running(self, job_id: str) -> dict | None:
@@ -125,6 +134,7 @@ class LiveRates:
             records = self.source.metrics(job_id, last_step)
         except KeyError:
             return None
+        trail = []
         for r in records:
             step = r.get("step")
             if not isinstance(step, (int, float)):
@@ -132,8 +142,11 @@ class LiveRates:
             last_step = max(last_step, int(step))
             if is_train(r) and (record is None or step >= record.get("step", -1)):
                 record = {k: r[k] for k in LIVE_KEYS if k in r}
+            if is_train(r) and isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"]):
+                trail.append([int(step), float(r["loss"])])
         with self.lock:
             self.newest[job_id] = (last_step, record)
+            self.trails.setdefault(job_id, collections.deque(maxlen=self.TRAIL)).extend(trail)
         return record
 
     @staticmethod

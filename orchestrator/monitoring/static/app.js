@@ -230,6 +230,41 @@
 
   // --- header, counts, resources --------------------------------------------------------------------
 
+  // --- a running job's loss at a glance, in its queue row --------------------------------------
+
+  const SVG = "http://www.w3.org/2000/svg";
+  const SPARK_W = 120;
+  const SPARK_H = 22;
+
+  function sparkline() {
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", "spark");
+    svg.setAttribute("viewBox", "0 0 " + SPARK_W + " " + SPARK_H);
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.setAttribute("role", "img");
+    svg.append(document.createElementNS(SVG, "polyline"));
+    return svg;
+  }
+
+  /** The job's newest training losses ([[step, loss], ...]) as a line scaled to their range */
+  function drawSparkline(svg, trail) {
+    const points = (trail || []).filter((p) => isNum(p[0]) && isNum(p[1]));
+    svg.dataset.points = String(points.length);
+    svg.style.display = points.length < 2 ? "none" : "";
+    if (points.length < 2) return;
+    const steps = points.map((p) => p[0]);
+    const losses = points.map((p) => p[1]);
+    const [x0, x1] = [Math.min(...steps), Math.max(...steps)];
+    const [lo, hi] = [Math.min(...losses), Math.max(...losses)];
+    const xy = points.map(([step, loss]) => {
+      const x = x1 > x0 ? ((step - x0) / (x1 - x0)) * SPARK_W : 0;
+      const y = SPARK_H - 2 - (hi > lo ? (loss - lo) / (hi - lo) : 0.5) * (SPARK_H - 4);
+      return x.toFixed(1) + "," + y.toFixed(1);
+    });
+    svg.firstChild.setAttribute("points", xy.join(" "));
+    svg.setAttribute("aria-label", "training loss, steps " + fmtInt(x0) + "–" + fmtInt(x1) + ": " + fmtLoss(losses[losses.length - 1]));
+  }
+
   /** "2", or an elastic job's size now and its range: "3/2..8" (running), "2..8" (waiting) */
   function workersText(job) {
     if (!job.elastic) return fmtInt(job.workers);
@@ -341,7 +376,8 @@
       link: h("a", { class: "ext", target: "_blank", rel: "noopener noreferrer", title: "Open in Ray dashboard" }, "↗"),
     };
     c.timeCell = h("td", { class: "num" }, c.time, c.timeSub);
-    c.progressCell = h("td", { class: "progress-cell" }, c.bar, c.steps);
+    c.spark = sparkline();
+    c.progressCell = h("td", { class: "progress-cell" }, c.bar, c.steps, c.spark);
     const tr = h(
       "tr",
       { "data-job-id": jobId },
@@ -391,6 +427,7 @@
         : fmtInt(job.step) + " / " + fmtInt(job.total_steps) + "  ·  " + fmtPct(progress, 0),
     );
 
+    drawSparkline(c.spark, job.loss_trail);
     setText(c.eta, ACTIVE.has(job.state) && isNum(job.remaining_s) ? fmtDuration(job.remaining_s) : "—");
     c.eta.classList.toggle("faded", !(ACTIVE.has(job.state) && isNum(job.remaining_s)));
     const rates = ACTIVE.has(job.state) || FINISHED.has(job.state) ? ratesOf(job) : null;
@@ -669,8 +706,16 @@
     const known = page.jobs.find((j) => j.id === jobId);
     if (known) renderJob(known); // at once, from the queue; the full view follows
     pollJob()
-      .then(() => $("job").scrollIntoView({ behavior: "smooth", block: "start" }))
+      .then(showJob)
       .catch((err) => console.warn("status page: reading the job failed:", err)); // the next tick retries
+  }
+
+  /** Scroll the job view to just below the sticky top bar (scrollIntoView would slide its title
+   * under the bar, which covers the top of whatever is scrolled to the window's top edge) */
+  function showJob() {
+    const bar = document.querySelector(".topbar").getBoundingClientRect().height;
+    const top = $("job").getBoundingClientRect().top + window.scrollY - bar - 12;
+    window.scrollTo({ top: Math.max(top, 0), behavior: "smooth" });
   }
 
   async function pollJob() {
