@@ -77,6 +77,7 @@ class Attempt:
         self.stop_sent: str | None = None
         self.training = False  # the workers loaded their start and began to train
         self.checkpoint_step: int | None = None  # of the newest checkpoint (saved or resumed from)
+        self.start_step: int | None = None  # the step this run started (or resumed) at
         self.ended_as = "aborted"  # what an aborted run reports: stopped, preempted or aborted
         self.ranks: dict[int, dict] = {}  # the newest record of each rank but 0
 
@@ -106,7 +107,7 @@ class Attempt:
                 self.unreported = (self.unreported + event.records)[-REPORT_RECORDS:]
             elif isinstance(event, RunStarted):
                 self.training = True  # from here a stop checkpoints the steps it takes
-                self.checkpoint_step = event.step
+                self.checkpoint_step = self.start_step = event.step
             elif isinstance(event, RankRecord):
                 self.ranks[event.rank] = event.record
             elif isinstance(event, WorkersStarted):
@@ -151,7 +152,7 @@ class Attempt:
             "checkpoint": self.last_checkpoint,
             "workers_started": self.workers_started,
             "restarts": self.restarts,
-            "start_step": self.checkpoint_step if self.training else None,  # where this run began
+            "start_step": self.start_step,  # where this run began (None: not yet)
         }
 
     def _show(self, event) -> None:

@@ -384,6 +384,30 @@ def _ray_job_submit_from_a_fresh_shell(dashboard: int, tmp_path: Path) -> None:
     assert not (elsewhere / "runs").exists() and not runs.exists()
 
 
+def ray_job_rows(service) -> int:
+    """Rows of Ray's own job list (the dashboard's): drivers as well as submitted jobs."""
+    token = Path(service.head.env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    request = urllib.request.Request(
+        f"{service.head.dashboard}/api/jobs/", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return len(json.load(reply))
+
+
+def test_queue_and_status_ask_the_service_over_http_and_leave_ray_s_job_list_alone(service):
+    job_id = service.done(service.submit(name="read-quickly", steps=10))["id"]
+    before = ray_job_rows(service)
+    queue = service.cli("queue", "--all")
+    assert queue.returncode == 0 and job_id in queue.stdout, queue.stdout + queue.stderr
+    status = service.cli("status", job_id)
+    assert status.returncode == 0 and f"{job_id}: succeeded" in status.stdout, status.stdout + status.stderr
+    assert "page:       http://" in status.stdout and f"/#/jobs/{job_id}" in status.stdout
+    assert ray_job_rows(service) == before  # neither joined the cluster as a driver
+    # with --address they join the cluster (the way to a service `up` did not record here)
+    assert service.cli("queue", "--address", service.head.address).returncode == 0
+    assert ray_job_rows(service) == before + 1
+
+
 def test_the_service_process_never_loads_the_data_plane(service):
     """After jobs ran through it (the first tests of this module), the service actor's process has
     loaded neither torch nor the workers or kernels packages: it schedules, it does not train."""

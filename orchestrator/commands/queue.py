@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
+from core.jobs import TERMINAL_VALUES
 from orchestrator.cli import UsageError
 
 
@@ -81,15 +82,31 @@ def _resources(job: dict) -> str:
     )
 
 
+def read_queue(address: str | None, include_finished: bool) -> tuple[list[dict], dict]:
+    """(the queue's jobs, the service's info): from the service's HTTP API when `up` recorded
+    it here (milliseconds), else by joining the cluster (seconds)."""
+    from orchestrator.scheduler import http_api
+
+    page = http_api.recorded_page(address)
+    if page:
+        try:
+            jobs, info = http_api.get(page, "queue"), http_api.get(page, "info")
+            if not include_finished:
+                jobs = [job for job in jobs if job["state"] not in TERMINAL_VALUES]
+            return jobs, info
+        except http_api.Unreachable:
+            pass
+    from orchestrator.scheduler import client
+
+    with required_service(address) as service:
+        return client.call(service.queue, include_finished), client.call(service.info)
+
+
 def handle_queue(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from orchestrator.scheduler import client
-
-    with required_service(args.address) as service:
-        jobs = client.call(service.queue, args.all)
-        info = client.call(service.info)
+    jobs, info = read_queue(args.address, args.all)
     print(cluster_line(info))
     if not jobs:
         print("the queue is empty" + ("" if args.all else " (--all lists finished jobs)"))

@@ -142,12 +142,14 @@ def start_local_head(args) -> dict:
         if args.redis
         else {}
     )
+    auth = ensure_token()
     # see cluster.py for the niceness; a node that stops answering is declared dead after
     # 3 missed health checks 1 s apart (Ray's default: 5 x 3 s), so its jobs move on sooner
     env = {
         cluster.WORKER_NICENESS: "0",
         **cluster.NODE_HEALTH_CHECK,
         **os.environ,
+        **auth,
         **redis,
         "RAY_USAGE_STATS_ENABLED": "0",
     }
@@ -161,6 +163,23 @@ def start_local_head(args) -> dict:
         "started_head": True,
         "temp_dir": temp_dir,
     }
+
+
+def ensure_token() -> dict:
+    """The local head always uses token auth (it cannot be kept on loopback: docs/ray.md):
+    `ray start` turns it on only when a token exists, so make one first where Ray's clients
+    look for it (`ray get-auth-token --generate`: ~/.ray/auth_token). RAY_AUTH_MODE=disabled,
+    set by the user, is respected."""
+    from orchestrator.ray import cluster
+
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token":
+        return {}
+    if cluster.token_source() is None:
+        command = [sys.executable, "-m", "ray.scripts.scripts", "get-auth-token", "--generate"]
+        made = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        if made.returncode != 0 or cluster.token_source() is None:
+            raise UsageError(f"could not make an auth token for the local Ray head: {made.stderr.strip()}")
+    return {"RAY_AUTH_MODE": "token"}
 
 
 def handle_up(args) -> int:

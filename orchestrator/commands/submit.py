@@ -269,8 +269,8 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
                 if job.get("last_checkpoint") not in (None, checkpoint[job_id]):
                     checkpoint[job_id] = uri = job["last_checkpoint"]
                     display.event(job_id, f"checkpoint at step {checkpoint_step(uri)}: {uri}")
-                if job["state"] not in ("running", "stopping"):
-                    continue
+                if job["state"] in ("queued", "preempted", "admitted"):
+                    continue  # (an ended job is read once more: a short one may end between looks)
                 # from the last step shown: an evaluation of that step may come in a later batch
                 records = client.call(service.metrics_since, job_id, last_step[job_id] - 1)
                 for r in records:

@@ -1,0 +1,49 @@
+"""The CLI's quick way to read the service: its HTTP API (the status page's server, web.py).
+
+Joining the cluster as a Ray driver to ask the service actor takes seconds on a small machine
+and leaves a row in Ray's job list for every command; the HTTP API answers in milliseconds and
+leaves nothing behind. `queue` and `status` read it when `orchestrator up` recorded the
+service's page on this machine and no --address names another cluster; when it cannot be
+reached (a service restarted on another port, a page turned off) they join the cluster as
+before (client.py). Imports neither Ray nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+
+TIMEOUT_S = 5.0
+
+
+class Unreachable(Exception):
+    """No answer from the recorded page: use the cluster instead."""
+
+
+def recorded_page(address: str | None) -> str | None:
+    """The service page `orchestrator up` recorded here, unless --address asks for a cluster."""
+    if address:
+        return None
+    from orchestrator.ray import cluster
+
+    return (cluster.read_state() or {}).get("status_page")
+
+
+def get(page: str, path: str):
+    """GET `path` of the page's API as JSON; None for a 404 (an unknown job)."""
+    url = f"{page.rstrip('/')}/api/{path.lstrip('/')}"
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as reply:
+            return json.load(reply)
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise Unreachable(f"{url}: HTTP {err.code}") from None
+    except (OSError, ValueError) as err:  # refused, timed out, not our JSON
+        raise Unreachable(f"{url}: {err}") from None
+
+
+def job(page: str, job_id: str) -> dict | None:
+    return get(page, f"jobs/{urllib.parse.quote(job_id, safe='')}")
