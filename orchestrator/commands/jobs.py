@@ -124,7 +124,7 @@ def _queued_job(args, method: str, *params):
     """Ask the orchestrator service about a job it knows; None when there is no service or it
     does not know the id (then the id is a Ray Job submission id). A status is read from the
     service's HTTP API when `up` recorded it here (no need to join the cluster)."""
-    from orchestrator.scheduler import client, http_api
+    from orchestrator.scheduler import http_api
 
     address = getattr(args, "address", None)
     page = http_api.recorded_page(address) if method == "status" else None
@@ -133,6 +133,7 @@ def _queued_job(args, method: str, *params):
             return http_api.job(page, params[0])
         except http_api.Unreachable:
             pass
+    from orchestrator.scheduler import client  # joins the cluster: seconds
     if client.service_address(address) is None:
         return None
     with client.connected_service(address) as service:
