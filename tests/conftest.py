@@ -78,6 +78,14 @@ class Service:
     def cli(self, *args, timeout=240):
         return run_cli(*args, env=self.env, timeout=timeout)
 
+    def up(self) -> subprocess.CompletedProcess:
+        """`orchestrator up` on this service's cluster and store; it must work."""
+        result = self.cli(
+            "up", "--address", self.head.address, "--store", str(self.store), "--metrics-port", "0"
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result
+
     def submit(self, *sets, priority=None, steps=30, name=None, extra=()):
         args = [
             "submit",

@@ -40,8 +40,7 @@ def scaling(tmp_path_factory):
     head = start_ray_head(num_cpus=2, autoscaling={"slot-node": SLOT_NODE})  # no slot on the head
     svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
     try:
-        up = svc.cli("up", "--address", head.address, "--store", str(svc.store), "--metrics-port", "0")
-        assert up.returncode == 0, up.stdout + up.stderr
+        svc.up()
         yield svc
     finally:
         svc.cli("down", timeout=60)

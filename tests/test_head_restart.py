@@ -37,8 +37,7 @@ def ft_service(tmp_path_factory):
     svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
     try:
         head.add_node("node-1", 2, {"slot": 1})
-        up = svc.cli("up", "--address", head.address, "--store", str(svc.store), "--metrics-port", "0")
-        assert up.returncode == 0, up.stdout + up.stderr
+        svc.up()
         yield svc
     finally:
         svc.cli("down", timeout=60)
@@ -75,18 +74,13 @@ def test_a_gcs_restart_with_redis_loses_no_job_and_runs_none_twice(ft_service):
     )
 
 
-def up(svc: Service) -> None:
-    result = svc.cli("up", "--address", svc.head.address, "--store", str(svc.store), "--metrics-port", "0")
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 @pytest.mark.timeout(600)
 def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_jobs(tmp_path):
     heads = [start_ray_head(num_cpus=4, resources={"slot": 2})]
     svc = Service(heads[0], tmp_path / "home", tmp_path / "store", tmp_path / "runs")
     serving = False  # whether a service is up on a live head, for `down` at the end
     try:
-        up(svc)
+        svc.up()
         serving = True
         trains = svc.submit("checkpoint.every_steps=200", steps=3000, name="trains")
         waits = svc.submit("resources.num_workers=1", steps=30, name="waits")  # no room beside it
@@ -111,7 +105,7 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
 
         heads.append(start_ray_head(num_cpus=4, resources={"slot": 2}))  # a new head, the same store
         svc.head, svc.env = heads[1], {**heads[1].env, "ORCHESTRATOR_HOME": str(svc.home)}
-        up(svc)
+        svc.up()
         serving, back_at = True, time.time()
         first, second = svc.done(trains, timeout=300), svc.done(waits, timeout=300)
         assert first["summary"]["resumed_from_step"] == saved >= 400  # its newest complete checkpoint

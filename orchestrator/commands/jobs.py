@@ -134,6 +134,7 @@ def _queued_job(args, method: str, *params):
         except http_api.Unreachable:
             pass
     from orchestrator.scheduler import client  # joins the cluster: seconds
+
     if client.service_address(address) is None:
         return None
     with client.connected_service(address) as service:
