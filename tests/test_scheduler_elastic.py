@@ -24,6 +24,7 @@ from orchestrator.scheduler import (
     free_capacity,
     place,
 )
+from orchestrator.scheduler.policy import requeued
 from orchestrator.scheduler.preemption import choose_shrinks, shrunk_placement
 from tests.test_scheduler_policy import (
     ACCEL,
@@ -78,21 +79,10 @@ def sizes_of(decision) -> dict[str, int]:
 
 
 def comes_back(allocation: Allocation) -> JobRequest:
-    """A resized job back in the queue: the service requeues it with all its sizes.
-
-    Its place in the queue is its submission time; the policy cannot see that for a running
-    job and takes its start time instead, so the tests requeue it with that time.
-    """
-    return JobRequest(
-        allocation.job_id,
-        allocation.priority,
-        allocation.sizes[0] if allocation.sizes else allocation.workers,
-        allocation.per_worker,
-        allocation.started_at,
-        allocation.preemptible,
-        allocation.queue,
-        sizes=allocation.sizes,
-    )
+    """A resized job back in the queue, as the service requeues it. Its place in the queue is
+    its submission time; the policy cannot see that for a running job and takes its start
+    time instead, so the tests requeue it with that time."""
+    return requeued(allocation)
 
 
 # -- the values -----------------------------------------------------------------------------------

@@ -77,8 +77,9 @@ def _sized(job: JobRequest) -> list[tuple[JobRequest, Shape]]:
     return [(request, _shape(request)) for request in map(job.at_size, job.sizes)]
 
 
-def _request_of(allocation: Allocation) -> JobRequest:
-    """A running elastic job as the pending job it becomes once stopped for a resize."""
+def requeued(allocation: Allocation) -> JobRequest:
+    """A running elastic job as the pending job it becomes once stopped for a resize (the
+    service requeues it with all its sizes)."""
     return JobRequest(
         allocation.job_id,
         allocation.priority,
@@ -492,7 +493,7 @@ class _Pass:
         started: dict[str, int] = {}
         for allocation in sorted(returning, key=_return_order):
             started[allocation.job_id] = 0
-            for request, _ in _sized(_request_of(allocation)):
+            for request, _ in _sized(requeued(allocation)):
                 placement = place(request, room) if book.allows(request) else None
                 if placement is not None:
                     _take(room, placement, allocation.per_worker)
@@ -544,7 +545,7 @@ class _Pass:
         room = {node_id: dict(node_free) for node_id, node_free in self.free.by_node.items()}
         for allocation in candidates:
             avail = _released(room, [allocation])
-            request = _request_of(allocation)
+            request = requeued(allocation)
             for size in (size for size in allocation.sizes if size > allocation.workers):
                 extra = request.at_size(size - allocation.workers)  # what the queue's quota must hold
                 if not self.quotas.allows(extra):
