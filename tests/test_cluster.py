@@ -63,11 +63,12 @@ def test_a_gang_lands_on_exactly_the_nodes_the_service_counted(service):
 
 @pytest.mark.timeout(600)
 def test_a_node_lost_under_a_job_requeues_it_to_resume_on_the_nodes_that_remain(service):
-    a = service.submit("checkpoint.every_steps=100", steps=1000, name="node-loss")
+    # long enough that the node dies mid-run on a loaded machine (the kill takes a few seconds)
+    a = service.submit("checkpoint.every_steps=100", steps=2500, name="node-loss")
     waiting = service.submit(steps=30, name="bystander")  # queued behind it: no room for two
     run_dir = service.runs / service.job(a)["run"]
-    job = service.wait(a, lambda j: j["state"] == "running" and j["step"] >= 250, what="step 250")
     ids = {service.head.node_id_of(n): n for n in service.head.nodes if n.process.poll() is None}
+    job = service.wait(a, lambda j: j["state"] == "running" and j["step"] >= 250, what="step 250")
     victim = next(node_id for node_id in job["placement"] if node_id in ids)  # a worker node, not the head
     killed_at = service.head.kill_node(ids[victim])
     on_disk = sorted(checkpoint_step(c) for c in checkpoints(str(run_dir)))  # at the kill
@@ -89,8 +90,8 @@ def test_a_node_lost_under_a_job_requeues_it_to_resume_on_the_nodes_that_remain(
     done = service.done(a, timeout=300)
     lost_event = next(e for e in done["history"] if e["event"] == "node-lost")  # made exact since
     steps = [r["step"] for r in read_metrics(str(run_dir)) if "loss" in r]
-    assert steps == sorted(set(steps)) and steps[-1] == 1000  # every step logged once, in order
-    assert lost_event["step"] < 1000, "the job had finished training before its node died"
+    assert steps == sorted(set(steps)) and steps[-1] == 2500  # every step logged once, in order
+    assert lost_event["step"] < 2500, "the job had finished training before its node died"
     resumed = done["summary"]["resumed_from_step"]
     assert resumed in on_disk[-2:] and resumed > 0  # the newest (complete) checkpoint
     lost = lost_event["steps_lost"]

@@ -756,7 +756,9 @@ def test_spec_strings_are_shown_as_text_never_as_markup(browser):
             "return Array.from(document.scripts).map(s => s.getAttribute('src'))"
         )
         assert scripts == ["static/uPlot.iife.min.js", "static/app.js"]
-        assert browser.execute_script("return document.querySelectorAll('svg').length") == 1  # the logo
+        # the logo, and the page's own loss lines (one per queue row, drawn only for running jobs)
+        svgs = "return [...document.querySelectorAll('svg')].map(s => s.getAttribute('class'))"
+        assert sorted(browser.execute_script(svgs)) == ["logo"] + ["spark"] * len(source.jobs)
         assert browser.execute_script("return window.__pwned === undefined") is True
         # a submission id is a URL component, never markup or a way out of the attribute
         href = browser.find_element("id", "job-dashboard").get_attribute("href")

@@ -69,8 +69,8 @@ def format_errors(err: ValidationError, raw: Any, prefix: tuple = ()) -> list[st
                 msg = "must be lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
             elif kind == "value_error":
                 msg = msg.removeprefix("Value error, ")
-            if got is _MISSING or kind in ("too_short", "too_long"):
-                lines.append(f"{path}: {msg}")
+            if got is _MISSING or kind in ("too_short", "too_long") or msg.startswith(f"{short(got)} "):
+                lines.append(f"{path}: {msg}")  # (a message that starts with the value has said it)
             else:
                 lines.append(f"{path}: {msg} (got {short(got) if _is_plain(got) else value_kind(got)})")
     # pydantic reports each failed branch of Optional/Union separately; keep one per path

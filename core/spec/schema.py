@@ -373,7 +373,7 @@ def _worker_count(value: Any, key: str) -> int:
             f"{key}: expected a whole number" if key else "expected a whole number, or {min: N, max: M}"
         )
     if not 1 <= value <= MAX_WORKERS:
-        _raise(f"{key} {value} is out of range" if key else "out of range", f"; allowed: 1 to {MAX_WORKERS}")
+        _raise(f"{key} {value}" if key else str(value), f" is out of range; allowed: 1 to {MAX_WORKERS}")
     return value
 
 
