@@ -150,6 +150,11 @@ def test_ray_job_submit_goes_through_the_queue(service):
     job = service.job(job_id)
     assert job["state"] == "succeeded" and job["launched_by"] == "driver"
     assert job["submission_id"] in (None, submission)
+    # the queue's id finds the logs of the Ray Job it came in by
+    logs = service.cli("logs", job_id)
+    assert logs.returncode == 0 and f"==> {submission} (the driver it came in by" in logs.stdout, logs.stderr
+    assert f"queued as {job_id}" in logs.stdout
+    assert f"Ray Job:    {submission} (attempt 1)\n" in service.cli("status", job_id).stdout
 
 
 def _kill_service_actor(service) -> None:

@@ -178,8 +178,9 @@ def print_queued_job(job: dict) -> None:
         print(f"  checkpoint: {job['last_checkpoint']}")
     if job.get("submission"):
         runs = job["submission"]
-        since = runs.rsplit("-a", 1)[-1]  # a driver waits through a preemption: one runs several
-        shared = f", its driver since attempt {since}" if since != str(job["attempt"]) else ""
+        # a driver the service started waits through a preemption: one may run several attempts
+        since = runs.removeprefix(f"{job['id']}-a") if runs.startswith(f"{job['id']}-a") else None
+        shared = f", its driver since attempt {since}" if since and since != str(job["attempt"]) else ""
         print(f"  Ray Job:    {runs} (attempt {job['attempt']}{shared})")
     waited, eta = duration_text(job.get("waited_s")), duration_text(job.get("remaining_s"))
     print(f"  waited:     {waited} in the queue   ETA: {eta}")
@@ -253,7 +254,7 @@ def handle_list(args) -> int:
 @with_cluster_errors
 def handle_logs(args) -> int:
     client, drivers = _call(args, "list_jobs")
-    if any(d.submission_id == args.job_id for d in drivers) or not drivers_of(drivers, args.job_id):
+    if any(d.submission_id == args.job_id for d in drivers) or not drivers_of(drivers, args):
         client, text = _call(args, "get_job_logs", args.job_id)  # a Ray Job's own id
         if not args.follow:
             sys.stdout.write(text)
@@ -262,10 +263,18 @@ def handle_logs(args) -> int:
     return queued_job_logs(args, client)
 
 
-def drivers_of(drivers: list, job_id: str) -> list:
-    """The Ray Jobs that ran a queued job's attempts (the service tags each with the job's id),
-    oldest first."""
-    mine = [d for d in drivers if (d.metadata or {}).get("orchestrator_job") == job_id]
+def drivers_of(drivers: list, args) -> list:
+    """The Ray Jobs that ran a queued job's attempts, oldest first: those the service started
+    (tagged with the job's id) and the one the job came in by (`ray job submit`), if any."""
+    job_id = args.job_id
+    if not hasattr(args, "came_by"):  # asked once: the service's record of the job
+        args.came_by = (_queued_job(args, "status", job_id) or {}).get("submission_id")
+
+    def ran_it(driver) -> bool:
+        tagged = (driver.metadata or {}).get("orchestrator_job") == job_id
+        return tagged or bool(args.came_by and driver.submission_id == args.came_by)
+
+    mine = [driver for driver in drivers if ran_it(driver)]
     return sorted(mine, key=lambda d: d.start_time or 0)
 
 
@@ -277,11 +286,12 @@ def queued_job_logs(args, client) -> int:
     shown: set[str] = set()
     waiting_said, last = False, 1
     while True:
-        drivers = [d for d in drivers_of(client.list_jobs(), args.job_id) if d.submission_id not in shown]
+        drivers = [d for d in drivers_of(client.list_jobs(), args) if d.submission_id not in shown]
         for driver in drivers:
             sid = driver.submission_id
-            attempt = (driver.metadata or {}).get("attempt", "?")
-            print(f"==> {sid} (attempt {attempt}, Ray Job {driver.status.value.lower()}) <==", flush=True)
+            attempt = (driver.metadata or {}).get("attempt")
+            which = f"attempt {attempt}" if attempt else "the driver it came in by"
+            print(f"==> {sid} ({which}, Ray Job {driver.status.value.lower()}) <==", flush=True)
             shown.add(sid)
             if args.follow and not ray_job_ended(str(client.get_job_status(sid).value)):
                 last = follow(client, sid, verdict=False)
