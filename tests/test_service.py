@@ -403,6 +403,7 @@ def cli_driver_rows(service, command: str) -> int:
 
 
 def test_queue_and_status_ask_the_service_over_http_and_leave_ray_s_job_list_alone(service):
+    service.up()  # records the page again: a test above may have had the service restarted on another port
     job_id = service.done(service.submit(name="read-quickly", steps=10))["id"]
     before = {command: cli_driver_rows(service, command) for command in ("queue", "status")}
     queue = service.cli("queue", "--all")
