@@ -4,6 +4,7 @@
     python bench/ray_overhead.py --address HOST:6379    # against a running cluster instead
     python bench/ray_overhead.py --cluster --burn 1     # a local cluster started once, under load
     python bench/ray_overhead.py --steps 500 --repeats 5 --set data.batch_size=256
+    python bench/ray_overhead.py --service --steps 30 --repeats 5   # + `orchestrator submit` via the service
 
 Both sides log every step (`metrics.log_every=1`): each record carries the worker's wall
 clock, so consecutive records give per-step times, and the Ray side pays its per-step cost
@@ -14,6 +15,12 @@ alternate between the two sides so that load drifting on a shared machine hits b
 `--burn N` runs N processes that keep a core busy for the whole benchmark (the same
 background load for both sides); `--cluster` starts one local Ray head first and runs every
 Ray run on it, so the first-step time is that of a machine where a cluster is already up.
+`--service` (implies `--cluster`) also starts the orchestrator service there (`orchestrator
+up`) and adds a third side, `orchestrator submit --wait`: the main way jobs run. For it the
+start-up is split by the job's own record (its history's times) into: the submit command until
+the job is queued, queued until admitted, admitted until its Ray Job started, and from there
+(its driver, Ray Train's controller and worker processes, the process group, data and model)
+until the first step ended.
 """
 
 from __future__ import annotations
@@ -54,7 +61,10 @@ def one_run(side: str, args, overrides: list[str]) -> dict:
         *overrides,
     ]
     sets_args = [a for s in sets for a in ("--set", s)]
-    if side == "torchrun":
+    if side == "service":
+        command = [sys.executable, "-m", "orchestrator", "submit", args.spec, *sets_args, "--wait"]
+        command += ["--set", f"resources.num_workers={args.workers}"]
+    elif side == "torchrun":
         command = [
             sys.executable,
             "-m",
@@ -88,11 +98,31 @@ def one_run(side: str, args, overrides: list[str]) -> dict:
     durations, first_step_end = step_times(next(p for p in storage.iterdir() if (p / "metrics").is_dir()))
     shutil.rmtree(storage, ignore_errors=True)
     steady = durations[args.warmup :]
-    return {
+    run = {
         "median_step_s": statistics.median(steady),
         "mean_step_s": statistics.fmean(steady),
         "first_step_s": first_step_end - started,
         "wall_s": wall,
+    }
+    if side == "service":
+        run["phases_s"] = service_phases(args, result.stdout.split()[0], started, first_step_end)
+    return run
+
+
+def service_phases(args, job_id: str, started: float, first_step_end: float) -> dict:
+    """Where a queued job's start-up went: the job's record (the service's clock) and its Ray
+    Job (Ray's: when the job's supervisor, which then starts its driver, began)."""
+    from ray.job_submission import JobSubmissionClient
+
+    record = json.loads((args.store / "jobs" / f"{job_id}.json").read_text())
+    at = {event["event"]: event["time"] for event in reversed(record["history"])}  # first of each
+    ray_job = JobSubmissionClient(args.dashboard).get_job_info(record["submission_id"])
+    ray_job_started = ray_job.start_time / 1000
+    return {
+        "submit_command_to_queued": at["queued"] - started,
+        "queued_to_admitted": at["admitted"] - at["queued"],
+        "admitted_to_ray_job_started": ray_job_started - at["admitted"],
+        "ray_job_started_to_first_step": first_step_end - ray_job_started,
     }
 
 
@@ -108,19 +138,42 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--address", help="Ray cluster to run on (default: a local one per run)")
     parser.add_argument("--cluster", action="store_true", help="start a local Ray head once and use it")
+    parser.add_argument(
+        "--service",
+        action="store_true",
+        help="also `orchestrator submit` through the service (a cluster started once)",
+    )
     parser.add_argument("--burn", type=int, default=0, metavar="N", help="N busy processes (load)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", default=str(RESULTS), help="JSON results file ('' to skip)")
     args = parser.parse_args()
 
     head = burners = None
+    args.cluster = args.cluster or args.service
     if args.cluster:
         sys.path.insert(0, str(ROOT))
         from tests.conftest import start_ray_head, stop_ray_head
 
         head = start_ray_head(num_cpus=max(4, args.workers))
-        args.address = head.address
+        args.address, args.dashboard = head.address, head.dashboard
         os.environ.update(head.env)
+    if args.service:
+        home = Path(tempfile.mkdtemp(prefix="bench-home-"))
+        args.store = home / "store"
+        os.environ["ORCHESTRATOR_HOME"] = str(home)
+        up = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "up",
+            "--address",
+            args.address,
+            "--store",
+            str(args.store),
+        ]
+        done = subprocess.run([*up, "--metrics-port", "0"], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"orchestrator up failed:\n{done.stdout}{done.stderr}")
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burn)]
     try:
         runs = measure(args)
@@ -134,9 +187,9 @@ def main() -> int:
 
 
 def measure(args) -> dict[str, list[dict]]:
-    runs: dict[str, list[dict]] = {"torchrun": [], "ray": []}
+    runs: dict[str, list[dict]] = {"torchrun": [], "ray": [], **({"service": []} if args.service else {})}
     for i in range(args.repeats):
-        for side in ("torchrun", "ray"):
+        for side in runs:
             run = one_run(side, args, args.overrides)
             runs[side].append(run)
             print(
@@ -151,7 +204,8 @@ def report(args, runs: dict[str, list[dict]]) -> None:
     from provenance import provenance  # bench/provenance.py (this script's folder is on sys.path)
 
     summary = {
-        side: {key: statistics.median(r[key] for r in rs) for key in rs[0]} for side, rs in runs.items()
+        side: {key: statistics.median(r[key] for r in rs) for key in rs[0] if key != "phases_s"}
+        for side, rs in runs.items()
     }
     torch_step, ray_step = summary["torchrun"]["median_step_s"], summary["ray"]["median_step_s"]
     # each Ray run against the torchrun run just before it: load drift cancels within a pair
@@ -175,6 +229,21 @@ def report(args, runs: dict[str, list[dict]]) -> None:
         f"   orchestrator run {summary['ray']['first_step_s']:.1f} s"
         f" ({'cluster already up' if args.address else 'starting a local Ray'})"
     )
+    if args.service:
+        first = [s["first_step_s"] / t["first_step_s"] for t, s in zip(runs["torchrun"], runs["service"])]
+        phases = {
+            name: statistics.median(r["phases_s"][name] for r in runs["service"])
+            for name in runs["service"][0]["phases_s"]
+        }
+        summary["service"]["phases_s"] = phases
+        print(
+            f"  orchestrator submit through the service {summary['service']['first_step_s']:.1f} s:"
+            f" x{statistics.median(first):.2f} torchrun's (median of pairs; target: at most 15 s)"
+        )
+        print(
+            "  where the service's start-up went (medians): "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
+        )
     print(f"background load: {args.burn} busy process(es)" if args.burn else "no background load")
 
     if args.out:
@@ -191,6 +260,11 @@ def report(args, runs: dict[str, list[dict]]) -> None:
             "background_busy_processes": args.burn,
             "load_avg_after": os.getloadavg(),
             "ratio": ratio,
+            "service_over_torchrun_first_step": statistics.median(
+                s["first_step_s"] / t["first_step_s"] for t, s in zip(runs["torchrun"], runs["service"])
+            )
+            if args.service
+            else None,
             "pair_ratios": pairs,
             "summary": summary,
             "runs": runs,

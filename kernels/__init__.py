@@ -15,6 +15,8 @@ Depends on torch and (optionally) triton only; imports cleanly without triton.
 
 from torch import Tensor
 
+from core.spec.schema import KERNEL_IMPLS, KERNEL_OPS
+
 from . import dispatch
 from ._common import HAS_TRITON, check_triton
 from .attention import attention_torch, attention_triton
@@ -27,9 +29,9 @@ from .cross_entropy import (
 from .layer_norm import layer_norm_torch, layer_norm_triton
 from .mlp import bias_gelu_torch, bias_gelu_triton, swiglu_torch, swiglu_triton
 
-OPS = ("layer_norm", "attention", "cross_entropy", "bias_gelu")
+OPS = KERNEL_OPS  # the names a spec's kernels section and a model config use (core.spec)
 EXTRA_OPS = ("fused_linear_cross_entropy", "swiglu")
-IMPLS = ("auto", "triton", "torch")
+IMPLS = KERNEL_IMPLS
 
 
 def available_impls() -> dict:

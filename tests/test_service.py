@@ -402,9 +402,11 @@ def cli_driver_rows(service, command: str) -> int:
     return sum(1 for w in words if command in w and any("orchestrator" in part for part in w))
 
 
-def test_queue_and_status_ask_the_service_over_http_and_leave_ray_s_job_list_alone(service):
+def test_submit_queue_and_status_talk_to_the_service_over_http_and_leave_ray_s_job_list_alone(service):
     service.up()  # records the page again: a test above may have had the service restarted on another port
+    submits = cli_driver_rows(service, "submit")
     job_id = service.done(service.submit(name="read-quickly", steps=10))["id"]
+    assert cli_driver_rows(service, "submit") == submits  # queued over HTTP, not as a Ray driver
     before = {command: cli_driver_rows(service, command) for command in ("queue", "status")}
     queue = service.cli("queue", "--all")
     assert queue.returncode == 0 and job_id in queue.stdout, queue.stdout + queue.stderr

@@ -822,3 +822,56 @@ def test_serve_reports_a_port_that_is_taken():
             serve(make_app(FakeService()), "127.0.0.1", taken.getsockname()[1])
     finally:
         taken.close()
+
+
+# --- submitting over HTTP (the CLI's quick `submit`) ---------------------------------------------
+
+
+class RecordingSubmitter:
+    """What the service does with jobs sent to POST /api/jobs: the schema check, then the queue."""
+
+    def __init__(self, token):
+        self.token, self.queued = token, []
+
+    def submit_specs(self, specs, options, package):
+        from core.spec import SpecError, validate
+
+        try:
+            typed = [validate(raw, "submitted spec") for raw in specs]
+        except SpecError as err:
+            raise ValueError(str(err).splitlines()[0]) from None
+        self.queued += [(spec.name, option, package) for spec, option in zip(typed, options)]
+        return [{"id": f"{spec.name}-1"} for spec in typed]
+
+
+def test_jobs_sent_over_http_need_the_cluster_token_and_a_valid_spec():
+    from core.spec import load_spec
+    from orchestrator.scheduler import http_api
+
+    spec = load_spec("jobs/vit.yaml").model_dump(mode="json", by_alias=True)
+    submitter = RecordingSubmitter("s3cret")
+    server, url = serve(make_app(FakeService(), submitter=submitter), "127.0.0.1", 0)
+    try:
+        assert http_api.submit(url, "s3cret", [spec], [{}], b"zip bytes") == [{"id": "vit-fashion-mnist-1"}]
+        assert submitter.queued == [("vit-fashion-mnist", {}, b"zip bytes")]
+        with pytest.raises(http_api.Unreachable, match="HTTP 401"):  # a wrong token queues nothing
+            http_api.submit(url, "guess", [spec], [{}], b"")
+        bad = {**spec, "train": {**spec["train"], "steps": -1}}
+        with pytest.raises(http_api.Refused, match=r"^submitted spec: train\.steps: "):
+            http_api.submit(url, "s3cret", [bad], [{}], b"")
+        assert len(submitter.queued) == 1
+    finally:
+        server.stop()
+    # a cluster without token auth takes no jobs over HTTP: the CLI joins the cluster instead
+    server, url = serve(make_app(FakeService(), submitter=RecordingSubmitter(None)), "127.0.0.1", 0)
+    try:
+        with pytest.raises(http_api.Unreachable, match="HTTP 403"):
+            http_api.submit(url, "anything", [spec], [{}], b"")
+    finally:
+        server.stop()
+    read_only = serve(make_app(FakeService()), "127.0.0.1", 0)
+    try:
+        with pytest.raises(http_api.Unreachable, match="HTTP 403"):
+            http_api.submit(read_only[1], "anything", [spec], [{}], b"")
+    finally:
+        read_only[0].stop()

@@ -33,7 +33,8 @@ def test_worker_progress_prints_the_first_and_last_step_when_steps_are_fast(caps
 
 
 class FinishedJobService:
-    """The two calls `submit --wait` makes, answered as the service does for a finished job."""
+    """The two reads `submit --wait` makes (a reader: the service's HTTP API or its actor),
+    answered as the service does for a finished job."""
 
     def status(self, job_id):
         summary = {"steps": 30, "eval": {"eval_accuracy": 0.9}, "samples_per_s": 100.0, "checkpoint": "/c"}
@@ -44,11 +45,9 @@ class FinishedJobService:
         return []
 
 
-def test_submit_wait_ends_with_a_result_line_and_writes_the_summary(monkeypatch, tmp_path, capsys):
+def test_submit_wait_ends_with_a_result_line_and_writes_the_summary(tmp_path, capsys):
     from orchestrator.commands.submit import follow_queued
-    from orchestrator.scheduler import client
 
-    monkeypatch.setattr(client, "call", lambda method, *args, **kw: method(*args))
     summary = tmp_path / "out" / "s.json"
     assert follow_queued(FinishedJobService(), ["job-1"], summary_path=str(summary)) == 0
     out = capsys.readouterr().out
@@ -92,11 +91,9 @@ class TrainingJobService:
         return [train, {"step": 10, "eval_loss": 0.3125, "eval_accuracy": 0.905}]
 
 
-def test_submit_wait_shows_checkpoints_and_evaluations_and_labels_the_losses(monkeypatch, capsys):
+def test_submit_wait_shows_checkpoints_and_evaluations_and_labels_the_losses(capsys):
     from orchestrator.commands.submit import follow_queued
-    from orchestrator.scheduler import client
 
-    monkeypatch.setattr(client, "call", lambda method, *args, **kw: method(*args))
     assert follow_queued(TrainingJobService(), ["j"], poll_s=0) == 0
     out = capsys.readouterr().out.splitlines()
     assert out.count("[j] checkpoint at step 10: /runs/j/checkpoint_00000010") == 1

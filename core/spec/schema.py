@@ -139,6 +139,8 @@ class PrecisionSpec(Section):
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
 
 
+KERNEL_OPS = ("layer_norm", "attention", "cross_entropy", "bias_gelu")  # the spec's kernels section
+KERNEL_IMPLS = ("auto", "triton", "torch")
 KernelImpl = Literal["auto", "torch", "triton"]
 
 

@@ -9,6 +9,7 @@ job's outcome.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import shlex
@@ -97,7 +98,7 @@ def handle(args) -> int:
         spec = load_runnable(args.spec, args.overrides)  # the one parse; bad specs fail here, exit 2
         check_storage(spec)
         require_a_cluster(args)
-        queued = submit_to_service(args, spec)
+        queued = queue_with_service(args, spec)
         if queued is not None:
             return queued
         name, storage = spec.name, spec.checkpoint.storage
@@ -158,66 +159,149 @@ def check_storage(spec: JobSpec) -> None:
         raise UsageError(f"{spec.name}: {str(err).splitlines()[0]}{hint}") from None
 
 
-def submit_to_service(args, spec: JobSpec) -> int | None:
-    """Queue the job (or a sweep's trials) with the orchestrator service when one is reachable;
-    None when there is none (the job then goes to Ray Jobs, and its driver queues it itself).
-    The service gets the typed specs validated above; it does not parse them again."""
+def queue_with_service(args, spec: JobSpec) -> int | None:
+    """Queue the job (or a sweep's trials) with the orchestrator service; None when there is
+    none (the job then goes to Ray Jobs, and its driver queues it itself). Over the service's
+    HTTP API when `orchestrator up` recorded it here and this machine holds the cluster's
+    token (a fraction of a second), else by joining the cluster as a Ray driver (seconds).
+    The service gets the specs validated above and only checks them against the schema."""
+    from orchestrator.ray.cluster import read_token
+    from orchestrator.ray.origin import remember
+    from orchestrator.scheduler import http_api
+    from orchestrator.scheduler.submission import zip_project
+
+    specs, options = queue_items(spec)
+    working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
+    page, token = http_api.recorded_page(args.address), read_token()
+    if page and token:
+        raw = [job_spec.model_dump(mode="json", by_alias=True) for job_spec in specs]
+        try:
+            views = http_api.submit(page, token, raw, options, zip_project(working_dir))
+        except http_api.Refused as err:
+            raise UsageError(str(err)) from None
+        except http_api.Unreachable:
+            views = None  # e.g. a service restarted elsewhere: join the cluster instead
+        if views is not None:
+            remember(working_dir)  # a later `ray job submit` from here resolves relative paths here
+            return announce(args, spec, [view["id"] for view in views], page, HttpReader(page))
+    return queue_through_ray(args, spec, specs, options, working_dir)
+
+
+def queue_items(spec: JobSpec) -> tuple[list[JobSpec], list[dict]]:
+    """The specs to queue (a sweep's trials, or the spec) with their options; relative
+    storage made absolute as seen from here, where the user means it."""
     from core.spec import sweep as sweeps
+
+    if spec.sweep is not None:
+        trials = sweeps.trials(spec)
+        specs = [trial.spec for trial in trials]
+        options = [
+            {
+                "job_id": trial.name,
+                "sweep": spec.name,
+                "sweep_params": trial.params,
+                "sweep_metric": spec.sweep.metric,
+                "sweep_mode": spec.sweep.mode,
+                "sweep_max_concurrent": spec.sweep.max_concurrent,
+            }
+            for trial in trials
+        ]
+    else:
+        specs, options = [spec], [{}]
+    for job_spec in specs:
+        storage = job_spec.checkpoint.storage
+        if "://" not in storage and not os.path.isabs(storage):
+            job_spec.checkpoint.storage = os.path.abspath(os.path.expanduser(storage))
+    return specs, options
+
+
+def queue_through_ray(args, spec: JobSpec, specs: list, options: list[dict], working_dir: Path) -> int | None:
+    from orchestrator.ray.origin import remember
     from orchestrator.scheduler import client
+    from orchestrator.scheduler.submission import zip_project
 
     with client.connected_service(args.address, required=spec.sweep is not None) as service:
         if service is None:
             return None
-        if spec.sweep is not None:
-            trials = sweeps.trials(spec)
-            specs = [trial.spec for trial in trials]
-            options = [
-                {
-                    "job_id": trial.name,
-                    "sweep": spec.name,
-                    "sweep_params": trial.params,
-                    "sweep_metric": spec.sweep.metric,
-                    "sweep_mode": spec.sweep.mode,
-                    "sweep_max_concurrent": spec.sweep.max_concurrent,
-                }
-                for trial in trials
-            ]
-        else:
-            specs, options = [spec], [{}]
-        working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
-        package = client.zip_project(working_dir)
-        from orchestrator.ray.origin import remember
-
-        remember(working_dir)  # a later `ray job submit` from here resolves relative paths here
+        package = zip_project(working_dir)
+        remember(working_dir)
         ids = []
         for job_spec, option in zip(specs, options):
-            storage = job_spec.checkpoint.storage
-            if "://" not in storage and not os.path.isabs(storage):  # as seen from here
-                job_spec.checkpoint.storage = os.path.abspath(os.path.expanduser(storage))
             try:
                 view = client.call(service.submit, job_spec, option, package)
             except client.ServiceError as err:
                 raise UsageError(str(err)) from None
             ids.append(view["id"])
-            print(view["id"], flush=True)
-        if spec.sweep is not None:
-            print(
-                f"sweep {spec.name}: {len(ids)} trials queued; rank them with `orchestrator sweep "
-                f"{spec.name}`",
-                file=sys.stderr,
-            )
-        if spec.sweep is None:
-            say_if_resuming(spec)
         page = client.call(service.info).get("status_page")
-        if page:
-            print(f"watch it: {page.rstrip('/')}/#/jobs/{ids[0]}", file=sys.stderr)
-        if not args.wait:
-            print(
-                f"follow it with: orchestrator status {ids[0]}   (the queue: orchestrator queue)",
-                file=sys.stderr,
-            )
-            return 0
-        return follow_queued(service, ids, summary_path=args.summary)
+        return announce(args, spec, ids, page, ActorReader(service))
+
+
+def announce(args, spec: JobSpec, ids: list[str], page: str | None, reader) -> int:
+    """Print the queued ids and where to watch them; with --wait, follow them to the end."""
+    for job_id in ids:
+        print(job_id, flush=True)
+    if spec.sweep is not None:
+        print(
+            f"sweep {spec.name}: {len(ids)} trials queued; rank them with `orchestrator sweep {spec.name}`",
+            file=sys.stderr,
+        )
+    else:
+        say_if_resuming(spec)
+    if page:
+        print(f"watch it: {page.rstrip('/')}/#/jobs/{ids[0]}", file=sys.stderr)
+    if not args.wait:
+        print(
+            f"follow it with: orchestrator status {ids[0]}   (the queue: orchestrator queue)",
+            file=sys.stderr,
+        )
+        return 0
+    return follow_queued(reader, ids, summary_path=args.summary)
+
+
+class ActorReader:
+    """A job's view and metrics from the service actor (the CLI joined the cluster)."""
+
+    def __init__(self, service):
+        self.service = service
+
+    def status(self, job_id: str) -> dict:
+        from orchestrator.scheduler import client
+
+        return client.call(self.service.status, job_id)
+
+    def metrics_since(self, job_id: str, since_step: int) -> list[dict]:
+        from orchestrator.scheduler import client
+
+        return client.call(self.service.metrics_since, job_id, since_step)
+
+
+class HttpReader:
+    """The same from the service's HTTP API, waiting out a restart of the service for a minute."""
+
+    def __init__(self, page: str, patience_s: float = 60.0):
+        self.page, self.patience_s = page, patience_s
+
+    def status(self, job_id: str) -> dict:
+        from orchestrator.scheduler import http_api
+
+        return self._retry(http_api.job, job_id) or {"id": job_id, "state": "unknown", "history": []}
+
+    def metrics_since(self, job_id: str, since_step: int) -> list[dict]:
+        from orchestrator.scheduler import http_api
+
+        return self._retry(http_api.metrics_since, job_id, since_step)
+
+    def _retry(self, read, *args):
+        from orchestrator.scheduler import http_api
+
+        deadline = time.monotonic() + self.patience_s
+        while True:
+            try:
+                return read(self.page, *args)
+            except http_api.Unreachable as err:
+                if time.monotonic() > deadline:
+                    raise UsageError(f"the orchestrator service does not answer ({err})") from None
+                time.sleep(1.0)
 
 
 def say_if_resuming(spec: JobSpec) -> None:
@@ -239,12 +323,11 @@ def say_if_resuming(spec: JobSpec) -> None:
         )
 
 
-def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path: str | None = None) -> int:
+def follow_queued(reader, job_ids: list[str], poll_s: float = 1.0, summary_path: str | None = None) -> int:
     """Show each job's history as it happens and its progress (a live panel on a terminal,
     plain lines elsewhere) until all have ended, then each job's result; exit 0 only if all
     succeeded. `summary_path` receives the final summary (one job) or a list of them."""
     from orchestrator.monitoring.terminal import Display
-    from orchestrator.scheduler import client
 
     seen = {job_id: 0 for job_id in job_ids}
     last_step = {job_id: -1 for job_id in job_ids}
@@ -254,7 +337,7 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
     with Display() as display:
         while True:
             for job_id in job_ids:
-                job = views[job_id] = client.call(service.status, job_id)
+                job = views[job_id] = reader.status(job_id)
                 for event in job["history"][seen[job_id] :]:
                     display.event(job_id, describe_event(event))
                 seen[job_id] = len(job["history"])
@@ -272,7 +355,7 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
                 if job["state"] in ("queued", "preempted", "admitted"):
                     continue  # (an ended job is read once more: a short one may end between looks)
                 # from the last step shown: an evaluation of that step may come in a later batch
-                records = client.call(service.metrics_since, job_id, last_step[job_id] - 1)
+                records = reader.metrics_since(job_id, last_step[job_id] - 1)
                 for r in records:
                     if is_eval(r) and r["step"] not in evals_shown[job_id]:
                         evals_shown[job_id].add(r["step"])
@@ -281,14 +364,15 @@ def follow_queued(service, job_ids: list[str], poll_s: float = 1.0, summary_path
                 if train:
                     r = train[-1]
                     last_step[job_id] = r["step"]
+                    loss = math.nan if r["loss"] is None else r["loss"]  # the page's JSON has no NaN
                     tokens = r.get("tokens_per_s")
                     rate, unit = (tokens, "tokens/s") if tokens else (r.get("samples_per_s"), "samples/s")
                     display.progress(
                         job_id,
-                        f"step {r['step']}{f'/{total}' if total else ''}  loss {r['loss']:.4f}  "
+                        f"step {r['step']}{f'/{total}' if total else ''}  loss {loss:.4f}  "
                         f"{rate or 0:,.0f} {unit}",
                         step=r["step"],
-                        loss=r["loss"],
+                        loss=loss,
                         rate=rate,
                         rate_unit=unit,
                     )

@@ -8,6 +8,9 @@
     GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)
     GET /api/jobs/{id}/metrics?since=N   the job's metrics records with step > N
     GET /metrics                         the registry in Prometheus' text format (404 without one)
+    POST /api/jobs                       queue jobs (the CLI's `submit`): the cluster's Ray token as
+                                         `Authorization: Bearer`, a JSON body {"specs", "options",
+                                         "package" (base64 zip)}; 201 {"jobs": [views]}, 400 {"error"}
 
 The service actor is a threaded Ray actor with no event loop of its own, so `serve` runs the
 app on a loop in a background thread. Source calls may block (the service holds a lock), so
@@ -17,7 +20,10 @@ they run in the loop's executor, never on the loop itself. Nothing here imports 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import collections
+import hmac
 import json
 import math
 import threading
@@ -61,6 +67,19 @@ class PageSource(Protocol):
         """The job's metrics records with step > since_step: training records ("step", "loss",
         "lr", "samples_per_s", "tokens_per_s", "mfu", ...) and eval records ("step", "eval_*")."""
         ...
+
+
+class Submitter(Protocol):
+    """What queues jobs sent over HTTP: the service, guarded by the cluster's token."""
+
+    token: str | None  # None: submitting over HTTP is off (a cluster without token auth)
+
+    def submit_specs(self, specs: list[dict], options: list[dict], package: bytes | None) -> list[dict]:
+        """Validate and queue; raises ValueError with one line a person can act on."""
+        ...
+
+
+MAX_SUBMISSION_BYTES = 512 * 1024 * 1024  # the zipped project travels in the body (Ray's own limit)
 
 
 def plain(value: Any) -> Any:
@@ -165,9 +184,12 @@ class LiveRates:
 
 
 def make_app(
-    source: PageSource, registry: prometheus_client.CollectorRegistry | None = None
+    source: PageSource,
+    registry: prometheus_client.CollectorRegistry | None = None,
+    submitter: Submitter | None = None,
 ) -> web.Application:
-    """The status page's app; host it with `serve` (or any aiohttp runner)."""
+    """The status page's app; host it with `serve` (or any aiohttp runner). Without a
+    `submitter` it only reads."""
     live = LiveRates(source)
 
     async def call(fn, *args):
@@ -211,6 +233,26 @@ def make_app(
         body = await call(prometheus_client.generate_latest, registry)
         return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
+    async def submit(request: web.Request) -> web.Response:
+        token = submitter.token if submitter is not None else None
+        if token is None:
+            off = "this service takes jobs over HTTP only on a cluster with token auth"
+            return _json({"error": off}, status=403)
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return _json({"error": "missing or wrong cluster token"}, status=401)
+        try:
+            body = await request.json()
+            package = base64.b64decode(body["package"], validate=True) if body.get("package") else None
+            specs, options = list(body["specs"]), list(body.get("options") or [{}] * len(body["specs"]))
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            return _json({"error": "the body must be JSON: {specs, options, package}"}, status=400)
+        try:
+            views = await call(submitter.submit_specs, specs, options, package)
+        except ValueError as err:
+            return _json({"error": str(err).splitlines()[0] if str(err) else "refused"}, status=400)
+        return _json({"jobs": views}, status=201)
+
     @web.middleware
     async def headers(request: web.Request, handler) -> web.StreamResponse:
         response = await handler(request)
@@ -221,7 +263,7 @@ def make_app(
             response.headers.setdefault("Cache-Control", "no-cache")  # revalidate: new versions show
         return response
 
-    app = web.Application(middlewares=[headers])
+    app = web.Application(middlewares=[headers], client_max_size=MAX_SUBMISSION_BYTES)
     app.router.add_get("/", page)
     app.router.add_static("/static/", STATIC_DIR)
     app.router.add_get("/api/info", info)
@@ -229,6 +271,7 @@ def make_app(
     app.router.add_get("/api/jobs/{id}", job)
     app.router.add_get("/api/jobs/{id}/metrics", job_metrics)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/api/jobs", submit)
     return app
 
 

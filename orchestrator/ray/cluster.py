@@ -91,6 +91,19 @@ def connected_temp_dir() -> str | None:
         return None
 
 
+def read_token() -> str | None:
+    """This machine's Ray auth token, looked up in Ray's order ($RAY_AUTH_TOKEN, the file
+    $RAY_AUTH_TOKEN_PATH names, ~/.ray/auth_token); None when there is none. Needs no Ray: the
+    CLI's HTTP submissions and the service's check of them both use it."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip() or None
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def token_source() -> str | None:
     """Where this machine's Ray clients take the token from, in Ray's order, to tell a person
     (never the token itself); None when there is none."""

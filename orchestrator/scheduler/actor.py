@@ -34,11 +34,12 @@ import ray
 from core import metrics_log, run_folder
 from core.jobs import JobState
 from core.records import STEP
-from core.spec import JobSpec
+from core.spec import JobSpec, SpecError, validate
 from orchestrator.monitoring.exporter import registry_for
 from orchestrator.monitoring.page_view import PageView, process_info
 from orchestrator.monitoring.web import make_app, serve
 from orchestrator.ray.autoscaler import detected_config
+from orchestrator.ray.cluster import read_token
 from orchestrator.scheduler.admission import add, scale
 from orchestrator.scheduler.cycle import SchedulingCycle, request
 from orchestrator.scheduler.lifecycle import Lifecycle
@@ -102,10 +103,14 @@ class OrchestratorService:
         self.lock = threading.RLock()
         self.live: dict[str, LiveMetrics] = {}  # newest metrics of the jobs that report (memory only)
         self._closing = threading.Event()
+        self._wake = threading.Event()  # a submission schedules at once, not at the next tick
+        self.token = read_token()  # jobs over HTTP (`POST /api/jobs`) must carry the cluster's token
         self.page, self.page_url = None, None
         try:
             self.page, self.page_url = serve(
-                make_app(PageView(self), registry_for(self)), self.config.web_host, self.config.web_port
+                make_app(PageView(self), registry_for(self), submitter=self),
+                self.config.web_host,
+                self.config.web_port,
             )
         except OSError as err:  # the queue matters more than the page: keep scheduling
             log.error(
@@ -149,7 +154,8 @@ class OrchestratorService:
                 self.tick()
             except Exception:  # one bad pass must not end scheduling
                 log.exception("scheduling pass failed")
-            self._closing.wait(self.config.tick_s)
+            self._wake.wait(self.config.tick_s)
+            self._wake.clear()
 
     def tick(self, now: float | None = None) -> None:
         started = time.perf_counter()
@@ -169,7 +175,18 @@ class OrchestratorService:
             job = self._new_record(spec, options, "service")
             job.package = unpack(self.store, job.id, package, spec)
             self.lifecycle.save(job)
-            return self._view(job)
+            view = self._view(job)
+        self._wake.set()
+        return view
+
+    def submit_specs(self, specs: list[dict], options: list[dict], package: bytes | None) -> list[dict]:
+        """Jobs sent over HTTP (`POST /api/jobs`, the CLI's quick path): their specs are checked
+        against the schema again, since anyone holding the token may send them."""
+        try:
+            typed = [validate(raw, "submitted spec") for raw in specs]
+        except SpecError as err:
+            raise ValueError(str(err).splitlines()[0]) from None
+        return [self.submit(spec, option, package) for spec, option in zip(typed, options, strict=True)]
 
     def register(self, spec: JobSpec, options: dict | None = None, package: bytes | None = None) -> dict:
         """A driver started outside the service (`orchestrator run`, `ray job submit`) queues its
@@ -367,6 +384,7 @@ class OrchestratorService:
     def shutdown(self) -> None:
         """Stop scheduling and give the lease back (`orchestrator down`)."""
         self._closing.set()
+        self._wake.set()
         if self.page is not None:
             self.page.stop()
         with self.lock:

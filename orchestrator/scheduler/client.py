@@ -8,11 +8,9 @@ for the cluster) becomes a `ServiceError` with the service's one-line message.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +18,7 @@ import ray
 
 from orchestrator.errors import UsageError
 from orchestrator.scheduler.actor import NAMESPACE, SERVICE_NAME
-from orchestrator.scheduler.store import project_files
+from orchestrator.scheduler.submission import zip_project
 
 
 class ServiceError(Exception):
@@ -62,16 +60,6 @@ def own_submission_id() -> str | None:
         return json.loads(raw).get("metadata", {}).get("job_submission_id")
     except (ValueError, AttributeError):
         return None
-
-
-def zip_project(root: str | Path) -> bytes:
-    """The project directory as a zip (the files git would ship), for the job's package."""
-    root = Path(root).resolve()
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for relative in project_files(root):
-            archive.write(root / relative, relative.as_posix())
-    return buffer.getvalue()
 
 
 def package_if_in_ray_job() -> bytes | None:

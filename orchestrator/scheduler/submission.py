@@ -1,5 +1,6 @@
 """A submitted job becomes a queue record: its id, its run (named once, here), its resources,
-and its project directory unpacked into the store, where the service starts it from."""
+and its project directory (zipped where it was submitted) unpacked into the store, where the
+service starts it from. Imports neither Ray nor torch: the CLI packs here too."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import io
 import secrets
 import time
 import zipfile
+from pathlib import Path
 
 from core import run_folder, storage
 from core.jobs import resources_for
 from core.spec import JobSpec
 from orchestrator.scheduler.runner import write_spec
-from orchestrator.scheduler.store import JobRecord, Store
+from orchestrator.scheduler.store import JobRecord, Store, project_files
 
 
 def new_job_id(name: str) -> str:
@@ -61,3 +63,13 @@ def unpack(store: Store, job_id: str, package: bytes | None, spec: JobSpec) -> s
                 out.write(src.read())
     write_spec(uri, spec)
     return uri
+
+
+def zip_project(root: str | Path) -> bytes:
+    """The project directory as a zip (the files git would ship), for the job's package."""
+    root = Path(root).resolve()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for relative in project_files(root):
+            archive.write(root / relative, relative.as_posix())
+    return buffer.getvalue()

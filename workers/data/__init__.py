@@ -4,16 +4,19 @@ Image items are `(float32 (C, H, W) normalized, int64 label)`; token items are
 `(x int64 (seq_len,), y int64 (seq_len,))` with y = x shifted left by one.
 Only the parquet source shards by rank itself (`Datasets.sharded`); the others
 return the full dataset and leave splitting across ranks to the sampler.
+
+This package imports no torch: `describe` and `check` serve the CLI's spec checks; the
+datasets themselves (torch) are in `datasets.py` and in each source's `load`.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
-from torch.utils.data import Dataset, Subset
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 
 _SOURCES = {
     "synthetic": "synthetic",
@@ -76,46 +79,3 @@ def eval_count(n: int, eval_split: float) -> int:
     if eval_split <= 0 or n < 2:
         return 0
     return min(n - 1, max(1, round(n * eval_split)))
-
-
-def split(dataset: Dataset, eval_split: float, seed: int) -> tuple[Dataset, Dataset | None]:
-    """Seeded random train/eval split of a map-style dataset."""
-    n = len(dataset)
-    n_eval = eval_count(n, eval_split)
-    if n_eval == 0:
-        return dataset, None
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    return Subset(dataset, order[n_eval:]), Subset(dataset, order[:n_eval])
-
-
-class ImageArray(Dataset):
-    """Images kept as stored (e.g. uint8) and normalized per item: small memory, cheap to fork."""
-
-    def __init__(self, images, labels, scale: float, mean: float, std: float):
-        self.images = torch.as_tensor(images)  # (N, C, H, W)
-        self.labels = torch.as_tensor(labels, dtype=torch.int64)
-        self.scale, self.mean, self.std = scale, mean, std
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        x = self.images[i].to(torch.float32) * self.scale
-        return (x - self.mean) / self.std, self.labels[i]
-
-
-class TokenWindows(Dataset):
-    """Non-overlapping windows of seq_len + 1 tokens over one token stream."""
-
-    def __init__(self, tokens: torch.Tensor, seq_len: int):
-        self.tokens, self.seq_len = tokens, seq_len
-
-    def __len__(self) -> int:
-        return len(self.tokens) // (self.seq_len + 1)
-
-    def __getitem__(self, i: int):
-        if not 0 <= i < len(self):
-            raise IndexError(i)
-        start = i * (self.seq_len + 1)
-        window = self.tokens[start : start + self.seq_len + 1].to(torch.int64)
-        return window[:-1], window[1:]

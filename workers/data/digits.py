@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import DataInfo, Datasets, ImageArray, eval_count, split
+from . import DataInfo, Datasets, eval_count
 
 NUM_IMAGES = 1797
 # pixel values are 0..16; statistics of the whole set after scaling to [0, 1]
@@ -27,6 +27,8 @@ def describe(spec: Any) -> DataInfo:
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:
     from sklearn.datasets import load_digits
+
+    from .datasets import ImageArray, split
 
     bunch = load_digits()
     images = bunch.images.astype("float32").reshape(-1, 1, 8, 8)

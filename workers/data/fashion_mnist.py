@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from . import DataInfo, Datasets, ImageArray
+from . import DataInfo, Datasets
 
 SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 CACHE_DIR = Path(os.path.expanduser("~/.cache/orchestrator/fashion-mnist"))
@@ -125,6 +125,8 @@ def describe(spec: Any) -> DataInfo:
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:
+    from .datasets import ImageArray
+
     directory = _locate(spec)
 
     def part(prefix: str) -> ImageArray:

@@ -18,16 +18,17 @@ disjoint across ranks too.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs
-import torch
-from torch.utils.data import Dataset, TensorDataset
 
 from . import DataInfo, Datasets, eval_count
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _open(uri: str) -> ds.FileSystemDataset:
@@ -78,6 +79,8 @@ def describe(spec: Any) -> DataInfo:
 
 
 def _images(column: pa.ChunkedArray, name: str, spec: Any) -> torch.Tensor:
+    import torch
+
     shape = (spec.in_channels, spec.image_size, spec.image_size)
     array = column.combine_chunks()
     if (
@@ -97,6 +100,8 @@ def _images(column: pa.ChunkedArray, name: str, spec: Any) -> torch.Tensor:
 
 
 def _tokens(column: pa.ChunkedArray, spec: Any) -> torch.Tensor:
+    import torch
+
     rows = column.to_pylist()
     need = spec.seq_len + 1
     short = [len(r) for r in rows if len(r) < need]
@@ -113,19 +118,9 @@ def _tokens(column: pa.ChunkedArray, spec: Any) -> torch.Tensor:
     return tokens
 
 
-class _Shifted(Dataset):
-    def __init__(self, tokens: torch.Tensor):
-        self.tokens = tokens
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __getitem__(self, i: int):
-        row = self.tokens[i]
-        return row[:-1], row[1:]
-
-
 def _labels(column: pa.ChunkedArray, spec: Any) -> torch.Tensor:
+    import torch
+
     labels = torch.from_numpy(column.to_numpy().astype(np.int64))  # astype: a writable copy
     if len(labels) and (labels.min() < 0 or labels.max() >= spec.num_classes):
         raise ValueError(
@@ -136,6 +131,11 @@ def _labels(column: pa.ChunkedArray, spec: Any) -> torch.Tensor:
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from .datasets import ShiftedRows
+
     dataset = _open(spec.path)
     fragments = _fragments(dataset)
     if len(fragments) < world_size:
@@ -149,7 +149,7 @@ def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datase
     )
     if spec.kind == "tokens":
         tensors = [_tokens(table.column(columns[0]), spec)]
-        make = _Shifted
+        make = ShiftedRows
     else:
         tensors = [
             _images(table.column(columns[0]), columns[0], spec),

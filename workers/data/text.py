@@ -14,9 +14,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from . import DataInfo, Datasets, TokenWindows
+from . import DataInfo, Datasets
 
 SUFFIXES = (".txt", ".py", ".md")
 MAX_BYTES = 5_000_000
@@ -74,6 +72,10 @@ def describe(spec: Any) -> DataInfo:
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:
+    import torch
+
+    from .datasets import TokenWindows
+
     files, n_bytes = corpus_files(spec)
     data = bytearray()
     for f in files:

@@ -1,0 +1,1 @@
+"""Each model family's `Config`, `PRESETS` and `validate`, importable without torch."""
