@@ -3,6 +3,13 @@
     python bench/scheduler_sim.py                  # 10,000 jobs, 64 nodes x 8 GPUs, seed 0
     python bench/scheduler_sim.py --quick          # a small workload (what the tests run)
     python bench/scheduler_sim.py --jobs 2000 --nodes 16 --seed 3 --out /tmp/sim
+    python bench/scheduler_sim.py --trace bench/traces/tiresias-60.csv --nodes 4 --gpus-per-node 8 \
+        [--policies fifo,las] [--preempt-cost-s 60] [--with-durations] [--queues FILE] [--json FILE]
+
+With `--trace`, every policy replays the trace instead (`bench/trace_sim.py`): FIFO, FIFO with
+EASY backfill and SJF on exact durations (baselines), `default` (the service with nothing
+configured), `las` and `las+cohorts`, and `configured` with `--queues FILE`; see
+docs/scheduler.md ("Trace replay").
 
 No Ray: the same `Policy` the service runs is called on every event (a job arriving, ending,
 or a preempted job having stopped) and its decisions are applied to a simulated cluster.
@@ -36,6 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from provenance import git_commit  # noqa: E402  (bench/provenance.py: this script's folder is on sys.path)
+from sim_stats import decision_summary, percentile  # noqa: E402
 
 from orchestrator.scheduler import Allocation, FifoPolicy, JobRequest, Node, Policy  # noqa: E402
 
@@ -328,16 +336,6 @@ def _check_consistency(used: dict[str, dict[str, float]], running: dict[str, All
             assert abs(expected[node_id][res] - amount) < 1e-3, f"{node_id}: {res} accounting drifted"
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = q / 100 * (len(ordered) - 1)
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 def summarize(outcome: Outcome, total_gpus: int) -> dict:
     jobs = outcome.jobs.values()
     waits = {
@@ -368,13 +366,7 @@ def summarize(outcome: Outcome, total_gpus: int) -> dict:
         "unacknowledged_preemptions": outcome.unacknowledged,
         "steps_lost": sum(job.lost_steps for job in jobs),
         "gpu_hours_lost": sum(job.lost_steps * job.plan.step_s * job.plan.gpus for job in jobs) / 3600,
-        "decision_ms": {
-            "events": len(decision_ms),
-            "mean": statistics.fmean(decision_ms),
-            "p50": percentile(decision_ms, 50),
-            "p99": percentile(decision_ms, 99),
-            "max": max(decision_ms),
-        },
+        "decision_ms": decision_summary(decision_ms),
         "max_pending": outcome.max_pending,
         "invariant_checks": outcome.invariant_checks,
         "invariants_held": True,  # any violation stops the run with an AssertionError
@@ -488,6 +480,37 @@ def render_markdown(record: dict) -> str:
     return "\n".join(lines)
 
 
+def replay_trace(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """`--trace`: every policy on the trace, a line each, and the table as JSON (`--json`)."""
+    from trace_sim import POLICIES, SimConfig, replay
+    from traces import read_trace
+
+    from core.queues import load_queue_config
+
+    jobs = read_trace(args.trace)
+    cfg = SimConfig(args.nodes or 8, args.gpus_per_node, args.preempt_cost_s, args.with_durations)
+    queues = load_queue_config(args.queues) if args.queues else None
+    names = args.policies.split(",") if args.policies else [*POLICIES, *(["configured"] if queues else [])]
+    print(f"{args.trace}: {len(jobs):,} jobs on {cfg.nodes} nodes x {cfg.gpus_per_node} GPUs", flush=True)
+    results = replay(jobs, cfg, names, queues, log=lambda line: print(line, flush=True))
+    if args.json:
+        record = {
+            "trace": str(args.trace),
+            "jobs": len(jobs),
+            "config": cfg.__dict__,
+            "commit": git_commit(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(
+                ["python", Path(sys.argv[0]).as_posix(), *(sys.argv[1:] if argv is None else argv)]
+            ),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "policies": results,
+        }
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"written to {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, help="number of jobs (default 10,000; --quick: 300)")
@@ -500,7 +523,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backfill-window", type=int, default=Config.backfill_window)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"), help="directory for the results")
     parser.add_argument("--quick", action="store_true", help="a small workload, for tests")
+    parser.add_argument(
+        "--trace", help="replay this trace (CSV: job_id,submit_time_s,num_gpus,duration_s,...)"
+    )
+    parser.add_argument("--policies", help="with --trace: comma-separated policy names (default: all)")
+    parser.add_argument("--preempt-cost-s", type=float, default=60.0, help="stop handshake + restart")
+    parser.add_argument("--with-durations", action="store_true", help="give our policies exact durations")
+    parser.add_argument("--queues", help="with --trace: a queue config file, run as policy 'configured'")
+    parser.add_argument("--json", help="with --trace: write the table as JSON here")
     args = parser.parse_args(argv)
+    if args.trace:
+        return replay_trace(args, argv)
 
     cfg = Config(
         jobs=args.jobs or (300 if args.quick else Config.jobs),

@@ -4,6 +4,9 @@
         checkpoint_00000500/     one checkpoint per saved step (layout: workers/checkpoint.py)
         metrics/                 the Parquet metrics log (core/metrics_log.py)
         tensorboard/             with metrics.tensorboard, for local storage
+        hangs/attempt-N-step-S/rank-K.txt
+                                 each rank's Python stack when the service found the job hung
+                                 (docs/monitoring.md, "Hangs")
         checkpoint_manager_snapshot.json
                                  Ray Train's own list of the checkpoints it registered, which
                                  nothing of ours reads: see `forget_ray_index`
@@ -28,6 +31,7 @@ from core.spec import JobSpec
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d{8})$")
 METRICS_DIR = "metrics"
 TENSORBOARD_DIR = "tensorboard"
+HANGS_DIR = "hangs"
 STAGING_DIR = ".staging"
 RAY_INDEX_FILE = "checkpoint_manager_snapshot.json"
 
@@ -42,6 +46,11 @@ def run_name(spec: JobSpec, now: float | None = None) -> str:
 
 def run_uri(spec: JobSpec, run: str) -> str:
     return storage.join(spec.checkpoint.storage, run)
+
+
+def hang_folder(run: str, attempt: int, step: int) -> str:
+    """Where the stacks of a hang of `attempt` at `step` go (one file per rank)."""
+    return storage.join(run, HANGS_DIR, f"attempt-{attempt}-step-{step}")
 
 
 def checkpoint_name(step: int) -> str:

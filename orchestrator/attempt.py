@@ -80,6 +80,7 @@ class Attempt:
         self.start_step: int | None = None  # the step this run started (or resumed) at
         self.ended_as = "aborted"  # what an aborted run reports: stopped, preempted or aborted
         self.ranks: dict[int, dict] = {}  # the newest record of each rank but 0
+        self.workers: dict[int, dict] = {}  # rank -> {"pid", "node", "node_id"} of the current group
 
     def run(self) -> dict:
         handle = launcher.start(self.spec, self.run_name, self.placement)
@@ -111,13 +112,20 @@ class Attempt:
             elif isinstance(event, RankRecord):
                 self.ranks[event.rank] = event.record
             elif isinstance(event, WorkersStarted):
-                self.ranks = {}  # a new worker group
+                self.ranks, self.workers = {}, dict(event.members)  # a new worker group
+                self.start_step = None  # until it has loaded its start
             self._show(event)
         if final:
             self.log.flush()
         if self.queued is not None and (final or time.time() - self.last_report > REPORT_S):
             reply = self.queued.report(
-                {**self.progress(), "records": self.unreported, "rewound": self.rewound, "ranks": self.ranks}
+                {
+                    **self.progress(),
+                    "records": self.unreported,
+                    "rewound": self.rewound,
+                    "ranks": self.ranks,
+                    "workers": self.workers,  # where each rank runs: hang stacks, straggler nodes
+                }
             )
             self.unreported, self.rewound = [], False
             self.last_report = time.time()

@@ -20,7 +20,10 @@ from orchestrator.errors import UsageError
 
 __all__ = ["UsageError", "add_spec_arguments", "build_parser", "main"]
 
-COMMANDS = ["validate", "run", "models", "submit", "jobs", "queue", "service", "metrics", "export"]
+COMMANDS = [
+    *("validate", "run", "models", "submit", "jobs", "queue", "queues"),
+    *("goodput", "service", "metrics", "export"),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -68,6 +68,7 @@ def ray_head():
 
 
 SERVICE_SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
+FAULTS_ENV = "ORCHESTRATOR_TEST_FAULTS"  # workers/faults.py
 
 
 class Service:
@@ -139,8 +140,13 @@ GROW_AFTER_S = 5.0  # an elastic job grows back soon after room frees (the produ
 def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("service")
     cpus, slots = SERVICE_NODES["head"]
+    # faults a test injects into its job (workers/faults.py): the cluster's processes inherit it
+    faults = tmp / "faults"
+    faults.mkdir()
+    os.environ[FAULTS_ENV] = str(faults)
     head = start_ray_head(num_cpus=cpus, resources={"slot": slots})
     svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
+    svc.faults = faults
     try:
         for name, (cpus, slots) in SERVICE_NODES.items():
             if name != "head":
@@ -166,3 +172,4 @@ def service(tmp_path_factory):
     finally:
         svc.cli("down", timeout=60)
         stop_ray_head(head)
+        os.environ.pop(FAULTS_ENV, None)

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -40,6 +41,16 @@ def train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_metrics(str(run_dir)) if "loss" in r]
 
 
+def ledger_of(job: dict) -> dict[str, float]:
+    """The job's time ledger as stored with it, checked against its wall time (submission to
+    end, the record's own times): the buckets must add up to it within 1% or 1 s."""
+    buckets = job["ledger"]["seconds"]
+    wall = job["finished_at"] - job["submitted_at"]
+    assert abs(sum(buckets.values()) - wall) <= max(1.0, 0.01 * wall), (buckets, wall)
+    assert min(buckets.values()) >= 0, buckets
+    return buckets
+
+
 @pytest.mark.timeout(600)
 def test_jobs_that_do_not_fit_together_run_one_after_the_other(service, tmp_path):
     first = service.submit(name="gang-a")
@@ -55,6 +66,16 @@ def test_jobs_that_do_not_fit_together_run_one_after_the_other(service, tmp_path
     assert when(b, "admitted") >= when(a, "succeeded")
     assert events(a).count("admitted") == events(b).count("admitted") == 1
     assert a["step"] == b["step"] == 30
+    # every second of b in its ledger: it queued behind a, started, trained, lost nothing
+    spent = ledger_of(b)
+    assert spent["queued"] >= when(b, "admitted") - when(b, "queued") - 1.0
+    assert spent["starting"] > 0 and spent["training"] > 0, b["ledger"]
+    assert spent["lost"] == spent["stalled"] == 0, spent
+    goodput = service.cli("goodput")
+    assert goodput.returncode == 0 and second in goodput.stdout, goodput.stdout + goodput.stderr
+    assert "cluster (" in goodput.stdout and "goodput " in goodput.stdout
+    status = service.cli("status", second).stdout
+    assert "  time:       [" in status and "] goodput " in status and "starting 0:00:" in status
     queue = service.cli("queue", "--all")
     assert queue.returncode == 0 and first in queue.stdout and "succeeded" in queue.stdout
     # the same name again continues its run, and says so: at submission and in its history
@@ -87,6 +108,10 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
     assert steps == list(range(5, 3001, 5))  # each step once, across the preemption
     status = service.cli("status", low)
     assert "preempted (step" in status.stdout and "steps lost: 0" in status.stdout
+    # the handshake is time spent stopping, the wait for the high job queued again; nothing lost
+    spent = ledger_of(lo)
+    assert spent["stopping"] > 0 and spent["lost"] == 0
+    assert spent["queued"] >= when(lo, "admitted", 1) - when(lo, "preempted") - 1.0
 
 
 @pytest.mark.timeout(400)
@@ -219,6 +244,8 @@ def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(ser
     assert job["summary"]["resumed_from"]["checkpoint"].endswith(f"checkpoint_{resumed:08d}")
     steps = train_steps(service.runs / "survivor")
     assert steps == list(range(5, 1501, 5))  # each step once
+    # the steps trained past the checkpoint it resumed from, and the restart, are lost time
+    assert ledger_of(job)["lost"] > 0, job["ledger"]
     out, err = follower.communicate(timeout=120)
     assert follower.returncode == 0, out[-2000:] + err[-2000:]
     assert f"job {job_id} succeeded" in err
@@ -227,6 +254,27 @@ def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(ser
     assert f"resuming at step {resumed}" in out.split(headers[1])[1]  # the second driver's own log
     printed = service.cli("logs", job_id).stdout  # and without --follow: both, oldest first
     assert printed.index(f"==> {job_id}-a1") < printed.index(f"==> {job_id}-a2")
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_worker_costs_the_job_the_steps_since_its_checkpoint_in_its_ledger(service):
+    job_id = service.submit(
+        "checkpoint.every_steps=100", "fault_tolerance.max_failures=1", name="worker-kill", steps=1500
+    )
+    service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 150, what="progress")
+    deadline, victim = time.time() + 60, None
+    while victim is None and time.time() < deadline:  # the driver names its workers in its log
+        found = re.search(
+            r"workers: rank 0 pid \d+ on \S+, rank 1 pid (\d+)", service.cli("logs", job_id).stdout
+        )
+        victim = int(found.group(1)) if found else time.sleep(1)
+    assert victim is not None and b"ray::" in Path(f"/proc/{victim}/cmdline").read_bytes()
+    os.kill(victim, signal.SIGKILL)
+    job = service.done(job_id, timeout=400)
+    assert job["attempt"] == 1  # Ray Train restarted the worker group within the attempt
+    assert train_steps(service.runs / "worker-kill") == list(range(5, 1501, 5))  # each step once
+    spent = ledger_of(job)
+    assert spent["lost"] > 0 and spent["training"] > 0  # the steps past the checkpoint, and the restart
 
 
 @pytest.mark.timeout(600)

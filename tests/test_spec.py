@@ -115,6 +115,8 @@ BAD_FIELDS = [
         "fault_tolerance.max_failures",
         "allowed: -1 to 1000",
     ),
+    (setter("fault_tolerance.hang_timeout_s", 1), "fault_tolerance.hang_timeout_s", "allowed: 5 to"),
+    (setter("fault_tolerance.on_straggler", "ignore"), "fault_tolerance.on_straggler", "'warn'"),
     (setter("scheduling.priority", 5000), "scheduling.priority", "5000 is out of range; allowed: 0 to 1000"),
     (setter("metrics.prometheus_port", 9100), "metrics.prometheus_port", "unknown field"),  # removed
     (setter("scheduling.queue", "Fast Lane"), "scheduling.queue", "lowercase letters"),

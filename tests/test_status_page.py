@@ -22,13 +22,17 @@ from pathlib import Path
 import prometheus_client
 import pytest
 
+from core.ledger import BUCKETS, LOST, STALLED, STOPPING, Goodput, Ledger, cluster_goodput
 from orchestrator.monitoring import web
 from orchestrator.monitoring.web import make_app, serve
 
 ROOT = Path(__file__).resolve().parents[1]
-# the README's picture is refreshed only on request (ORCHESTRATOR_SCREENSHOT_DIR=docs/images):
-# a test run must not rewrite a tracked file
-SCREENSHOT = Path(os.environ.get("ORCHESTRATOR_SCREENSHOT_DIR") or tempfile.mkdtemp()) / "status-page.png"
+# the README's pictures are refreshed only on request (ORCHESTRATOR_SCREENSHOT_DIR=docs/images):
+# a test run must not rewrite a tracked file. docs/images/goodput.png comes from this file
+# (`-k where_each_jobs_time_went`), status-page.png from tests/test_monitoring.py's real service.
+SCREENSHOTS = Path(os.environ.get("ORCHESTRATOR_SCREENSHOT_DIR") or tempfile.mkdtemp())
+SCREENSHOT = SCREENSHOTS / "status-page.png"
+GOODPUT_SCREENSHOT = SCREENSHOTS / "goodput.png"
 ARTIFACTS = ROOT / "tests" / "_artifacts"
 DASHBOARD = "http://127.0.0.1:8265"
 HOSTILE_NAME = "<img src=x onerror=alert(1)>"
@@ -84,6 +88,37 @@ def _job(job_id: str, name: str, state: str, **fields) -> dict:
     return view
 
 
+def _trained(
+    ledger: Ledger,
+    steps: range,
+    start: float,
+    end: float,
+    eval_every: int = 0,
+    eval_s: float = 0.0,
+    save_every: int = 0,
+    save_s: float = 0.0,
+    total_steps: int | None = None,
+) -> None:
+    """Feed `ledger` what a driver reports of an attempt that trains from `start` to about `end`:
+    a train record every `steps.step` steps, an evaluation of `eval_s` every `eval_every` steps,
+    a checkpoint every `save_every` steps whose save blocks training for `save_s` (the next
+    record says so)."""
+    evals = sum(1 for step in steps if eval_every and step % eval_every == 0)
+    saves = sum(1 for step in steps if save_every and step % save_every == 0)
+    step_s = (end - start - evals * eval_s - saves * save_s) / (len(steps) * steps.step)
+    t, saving = start, 0.0
+    for step in steps:
+        t += steps.step * step_s + saving
+        ledger.train(step, t, step_s=step_s, checkpoint_s=saving or None, total_steps=total_steps)
+        saving = 0.0
+        if save_every and step % save_every == 0:
+            ledger.checkpointed(step)
+            saving = save_s
+        if eval_every and step % eval_every == 0:
+            t += eval_s
+            ledger.evaluated(t, duration_s=eval_s)
+
+
 class FakeService:
     """What the orchestrator service feeds the page: a small cluster with jobs in every state.
     Its running GPT job keeps training (`start_training`): records, evals and checkpoints grow."""
@@ -99,6 +134,7 @@ class FakeService:
         self.jobs: dict[str, dict] = {}
         self.records: dict[str, list[dict]] = {}
         self.checkpoints: dict[str, list[str]] = {}
+        self.ledgers: dict[str, Ledger] = {}  # job id -> its time ledger (not every job has one)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         now = time.time()
@@ -156,10 +192,12 @@ class FakeService:
                 elastic=[2, 4],  # an elastic job running at 3 of 2..4 workers
                 placement={"node-8a01d3": 2, "node-51c7e0": 1},
                 per_worker={"CPU": 12, "GPU": 1},
-                submitted_at=now - 2 * 3600,
-                admitted_at=now - 2 * 3600 + 30,
-                started_at=now - 2 * 3600 + 75,
-                attempt=1,
+                submitted_at=now - 3 * 3600,
+                admitted_at=now - 3 * 3600 + 3500,  # its second attempt, after a preemption
+                started_at=now - 3 * 3600 + 3540,
+                attempt=2,
+                preemptions=1,
+                steps_lost=1000,
                 step=21400,
                 total_steps=50000,
                 step_time_s=0.301,
@@ -311,6 +349,70 @@ class FakeService:
             )
             self.checkpoints[self.hostile_id] = [HOSTILE_URI]
             self.records[self.hostile_id] = [{"step": 100, "loss": 1.0}, {"step": 200, "loss": 0.5}]
+        self._build_ledgers(now)
+
+    def _build_ledgers(self, now: float) -> None:
+        """Each job's time ledger, built as the service builds it: from state changes, records,
+        checkpoints and resumes. The failed job has none (a record from before ledgers)."""
+
+        def ledger(job_id: str, **fields) -> Ledger:
+            job = self.jobs[job_id]
+            gpus = job["per_worker"].get("GPU", 0.0)
+            self.ledgers[job_id] = Ledger(job["submitted_at"], gpus_per_worker=gpus, **fields)
+            return self.ledgers[job_id]
+
+        # restarted: its driver hung (stalled), then died at 2,980; resumed from 2,000
+        gpt = ledger(self.running_id, workers=8, stall_after_s=120)
+        t0 = gpt.submitted_at
+        gpt.state("admitted", t0 + 60)
+        gpt.state("running", t0 + 110)
+        gpt.rewound(0, t0 + 110)
+        _trained(gpt, range(25, 3000, 25), t0 + 170, t0 + 3700, 1000, 45.0, 2000, 20.0)
+        gpt.state("queued", t0 + 3910)
+        gpt.state("admitted", t0 + 3950)
+        gpt.state("running", t0 + 4005)
+        gpt.rewound(2000, t0 + 4005)
+        _trained(gpt, range(2025, 8001, 25), t0 + 4060, now - 1, 1000, 45.0, 2000, 20.0)
+
+        # preempted at 9,000 before its checkpoint there was saved: resumed from 8,000
+        vit = ledger("vit-b16-imagenet-1123-1040-07be", workers=3)
+        t0 = vit.submitted_at
+        vit.state("admitted", t0 + 30)
+        vit.state("running", t0 + 75)
+        vit.rewound(0, t0 + 75)
+        _trained(vit, range(100, 9001, 100), t0 + 100, t0 + 2800, 2000, 30.0, 2000, 15.0)
+        vit.state("stopping", t0 + 2830)
+        vit.state("preempted", t0 + 2890)
+        vit.state("admitted", t0 + 3500)
+        vit.state("running", t0 + 3540)
+        vit.rewound(8000, t0 + 3540)
+        _trained(vit, range(8100, 21401, 100), t0 + 3600, now - 5, 2000, 30.0, 2000, 15.0)
+
+        sweep = ledger("resnet50-lr-sweep-002-1123-1301-9d2e", workers=2)
+        sweep.state("admitted", now - 12)
+
+        # preempted with a checkpoint where it stopped: back in the queue, nothing lost
+        distill = ledger("vit-small-distill-1123-0820-5b11", workers=4)
+        t0 = distill.submitted_at
+        distill.state("admitted", t0 + 600)
+        distill.state("running", t0 + 640)
+        distill.rewound(0, t0 + 640)
+        _trained(distill, range(200, 12001, 200), t0 + 700, t0 + 2950, 4000, 40.0, 4000, 20.0)
+        distill.state("stopping", t0 + 2960)
+        distill.checkpointed(12000)
+        distill.state("preempted", t0 + 3020)
+
+        ledger("llama-1b-code-1123-1322-c0de", workers=8)
+        ledger("bert-base-finetune-1123-1330-aa10", workers=2)
+
+        done = "convnet-fashion-1123-0700-11aa"
+        convnet = ledger(done, workers=2)  # CPU only
+        t0 = convnet.submitted_at
+        convnet.state("admitted", t0 + 5)
+        convnet.state("running", t0 + 20)
+        convnet.rewound(0, t0 + 20)
+        _trained(convnet, range(50, 5001, 50), t0 + 30, t0 + 2340, 1000, 10.0, 1000, 5.0, total_steps=5000)
+        convnet.state("succeeded", self.jobs[done]["finished_at"])
 
     def _add(self, view: dict) -> None:
         self.jobs[view["id"]] = view
@@ -322,19 +424,18 @@ class FakeService:
             step = job["step"] + self.LOG_EVERY
             warm = min(1.0, 0.55 + step / 600)
             rate = 440.0 * warm * (1 + self.rng.gauss(0, 0.015))  # sequences of 1024 tokens
-            self.records[job_id].append(
-                {
-                    "step": step,
-                    "loss": _loss(step, self.rng),
-                    "lr": 6e-4 * min(1.0, step / 1000),
-                    "samples_per_s": rate,
-                    "tokens_per_s": rate * 1024,
-                    "mfu": 0.385 * rate / 440.0,
-                    "tflops_per_worker": 380.0 * rate / 440.0,
-                    "grad_norm": 1.0 + self.rng.random() * 0.3,
-                    "time": time.time(),
-                }
-            )
+            record = {
+                "step": step,
+                "loss": _loss(step, self.rng),
+                "lr": 6e-4 * min(1.0, step / 1000),
+                "samples_per_s": rate,
+                "tokens_per_s": rate * 1024,
+                "mfu": 0.385 * rate / 440.0,
+                "tflops_per_worker": 380.0 * rate / 440.0,
+                "grad_norm": 1.0 + self.rng.random() * 0.3,
+                "time": time.time(),
+            }
+            self.records[job_id].append(record)
             if step % self.EVAL_EVERY == 0:
                 eval_loss = _loss(step, random.Random(step)) * 1.03
                 self.records[job_id].append(
@@ -350,6 +451,10 @@ class FakeService:
                 self.checkpoints[job_id].append(uri)
                 job["last_checkpoint"] = uri
             job["step"] = step
+            if job_id in self.ledgers:  # the service folds each record into the job's ledger
+                self.ledgers[job_id].record(record)
+                if step % self.CHECKPOINT_EVERY == 0:
+                    self.ledgers[job_id].checkpointed(step)
         job["remaining_s"] = (job["total_steps"] - job["step"]) * job["step_time_s"]
 
     def start_training(self, steps_per_tick: int = 50, tick_s: float = 0.25) -> None:
@@ -365,6 +470,22 @@ class FakeService:
         self._stop.set()
         if self._thread:
             self._thread.join(5)
+
+    def mfu(self, job_id: str) -> float | None:
+        """The job's newest MFU: its newest training record's, else its summary's."""
+        for record in reversed(self.records.get(job_id, [])):
+            if "loss" in record:
+                return record.get("mfu")
+        return ((self.jobs[job_id].get("summary") or {}).get("throughput") or {}).get("mfu")
+
+    def goodput(self, now: float) -> Goodput:
+        """The cluster's goodput, as the service computes it for /api/info."""
+        return cluster_goodput([(ledger, self.mfu(job_id)) for job_id, ledger in self.ledgers.items()], now)
+
+    def _with_ledger(self, view: dict, now: float) -> dict:
+        if view["id"] in self.ledgers:
+            view["ledger"] = self.ledgers[view["id"]].view(now, self.mfu(view["id"]))
+        return view
 
     # -- the PageSource methods ---------------------------------------------------------------------
 
@@ -383,6 +504,7 @@ class FakeService:
                 "node_events": [{"time": time.time() - 125, "event": "joined", "node": "77be01f2c4"}],
                 "autoscaler": {"may_add": {"gpu-8x": 2, "cpu-16": 0}, "asked_for": {}},
                 "jobs": counts,
+                "goodput": self.goodput(time.time()).as_dict(),
                 "resources": {
                     "total": {"CPU": 256.0, "GPU": 32.0, "memory": 2048 * 2**30, "node:10.0.0.5": 1.0},
                     "busy": {"CPU": 144.0, "GPU": 14.0, "memory": 640 * 2**30},
@@ -391,7 +513,8 @@ class FakeService:
 
     def queue(self) -> list[dict]:
         with self.lock:
-            views = [dict(j) for j in self.jobs.values()]
+            now = time.time()
+            views = [self._with_ledger(dict(j), now) for j in self.jobs.values()]
         for view in views:
             view.pop("history")
         return views
@@ -400,7 +523,7 @@ class FakeService:
         with self.lock:
             if job_id not in self.jobs:
                 return None
-            view = json.loads(json.dumps(self.jobs[job_id]))
+            view = self._with_ledger(json.loads(json.dumps(self.jobs[job_id])), time.time())
             view["checkpoints"] = list(self.checkpoints.get(job_id, []))
             return view
 
@@ -538,6 +661,30 @@ def test_job_view_with_history_and_checkpoints(served):
     assert len(view["checkpoints"]) == 4 and view["restarts"] == 1
     status, error = fetch_json(url + "api/jobs/no-such-job")
     assert status == 404 and "no-such-job" in error["error"]
+
+
+def test_job_views_carry_their_time_ledgers_and_info_the_clusters_goodput(served):
+    source, url = served
+    _, queue = fetch_json(url + "api/queue")
+    views = {j["id"]: j for j in queue}
+    done = "convnet-fashion-1123-0700-11aa"
+    assert views[done]["ledger"] == source.ledgers[done].view(time.time())  # ended: it stays put
+    for job_id in source.ledgers:
+        ledger = views[job_id]["ledger"]
+        assert list(ledger["buckets"]) == list(BUCKETS)
+        assert sum(ledger["buckets"].values()) == pytest.approx(ledger["wall_s"])
+        assert set(ledger["goodput"]) == {"scheduling", "runtime", "program", "time"}
+    assert "ledger" not in views["gpt-nano-char-1123-0955-f00d"]  # a record from before ledgers
+    gpt = views[source.running_id]["ledger"]
+    assert gpt["buckets"][LOST] > 0 and gpt["buckets"][STALLED] > 0  # the driver hung, then died
+    assert gpt["gpu_seconds"] == pytest.approx(8 * gpt["wall_s"])
+    assert gpt["goodput"]["program"] == pytest.approx(source.mfu(source.running_id))
+    _, vit = fetch_json(url + "api/jobs/vit-b16-imagenet-1123-1040-07be")
+    assert vit["ledger"]["buckets"][LOST] > 0 and vit["ledger"]["buckets"][STOPPING] > 0  # preempted
+    _, info = fetch_json(url + "api/info")
+    expected = source.goodput(time.time())
+    for factor in ("scheduling", "runtime", "program", "time"):
+        assert info["goodput"][factor] == pytest.approx(getattr(expected, factor), abs=1e-4)
 
 
 def test_metrics_since_step(served):
@@ -732,6 +879,120 @@ def test_page_shows_the_queue_and_live_curves(browser, registry):
         source.stop_training()
         browser.set_window_size(1400, 900)
         server.stop()
+
+
+def fmt_duration(seconds: float) -> str:
+    """The page's fmtDuration: 45s, 3m 05s, 4h 05m, 2d 3h."""
+    s = max(0, math.floor(seconds + 0.5))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    hours = s // 3600
+    return f"{hours}h {s // 60 % 60:02d}m" if hours < 48 else f"{hours // 24}d {hours % 24}h"
+
+
+READ_LEDGER_BAR = """
+const read = (bar) => ({
+  shown: bar.offsetParent !== null, width: bar.getBoundingClientRect().width,
+  label: bar.getAttribute('aria-label'), title: bar.title,
+  segments: Object.fromEntries(
+    [...bar.children].map(s => [s.dataset.bucket, s.getBoundingClientRect().width])),
+});
+"""
+
+
+def shares(ledger: Ledger, now: float) -> dict[str, float]:
+    seconds = ledger.buckets(now)
+    return {bucket: value / sum(seconds.values()) for bucket, value in seconds.items()}
+
+
+def test_page_shows_where_each_jobs_time_went(browser):
+    source = FakeService()
+    server, url = serve(make_app(source), "127.0.0.1", 0)
+    try:
+        browser.get_log("browser")  # start from a clean console
+        browser.get(url)
+        wait_for(
+            lambda: len(browser.find_elements("css selector", "#queue-body tr .ledger")) == len(source.jobs),
+            what="a ledger bar per row",
+        )
+        # the queue: a small bar per job, a segment per bucket as wide as its share of the wall time
+        bars = browser.execute_script(
+            READ_LEDGER_BAR
+            + "return Object.fromEntries([...document.querySelectorAll('#queue-body tr')]"
+            + ".map(tr => [tr.dataset.jobId, read(tr.querySelector('.ledger'))]))"
+        )
+        now = time.time()
+        for job_id, ledger in source.ledgers.items():
+            bar = bars[job_id]
+            assert bar["shown"] and bar["width"] > 0, job_id
+            for bucket, share in shares(ledger, now).items():
+                assert bar["segments"][bucket] / bar["width"] == pytest.approx(share, abs=0.01), (
+                    job_id,
+                    bucket,
+                )
+                assert (f"{bucket} " in bar["label"]) == (share > 0), (job_id, bucket)
+            assert bar["title"] == bar["label"]
+        assert not bars["gpt-nano-char-1123-0955-f00d"]["shown"]  # no ledger: no bar
+        done = "convnet-fashion-1123-0700-11aa"  # ended: its shares stay put, to the digit
+        for bucket, share in shares(source.ledgers[done], now).items():
+            if share > 0:
+                assert f"{bucket} {share * 100:.1f}%" in bars[done]["label"]
+        assert bars[done]["label"].startswith(
+            f"Goodput {source.ledgers[done].goodput(now).time * 100:.1f}%. "
+        )
+
+        # the tile: the cluster's time goodput and its factors, from every job's ledger
+        tile = browser.find_element("id", "goodput-tile")
+        expected = source.goodput(time.time())
+        shown = float(tile.find_element("css selector", ".n").text.rstrip("%")) / 100
+        assert shown == pytest.approx(expected.time, abs=0.0015)
+        factors = dict(re.findall(r"(scheduling|runtime|program \(MFU\)) ([\d.]+)%", tile.text))
+        assert float(factors["scheduling"]) / 100 == pytest.approx(expected.scheduling, abs=0.0015)
+        assert float(factors["runtime"]) / 100 == pytest.approx(expected.runtime, abs=0.0015)
+        assert float(factors["program (MFU)"]) / 100 == pytest.approx(expected.program, abs=0.0015)
+
+        # the job view: a large bar, and a legend with every bucket's seconds and share
+        browser.get(url + "#/jobs/" + source.running_id)
+        wait_for(lambda: browser.find_element("id", "job-ledger").is_displayed(), what="the job's ledger")
+        bar = browser.execute_script(READ_LEDGER_BAR + "return read(document.getElementById('ledger-bar'))")
+        legend = browser.execute_script(
+            "return [...document.querySelectorAll('#ledger-legend li')]"
+            ".map(li => [li.dataset.bucket, li.querySelector('.secs').textContent, li.className])"
+        )
+        ledger, now = source.ledgers[source.running_id], time.time()
+        assert bar["width"] > 1000 and [b for b, _, _ in legend] == list(BUCKETS)
+        for bucket, share in shares(ledger, now).items():
+            assert bar["segments"][bucket] / bar["width"] == pytest.approx(share, abs=0.002), bucket
+        seconds = ledger.buckets(now)
+        for bucket, text, faded in legend:
+            assert (faded == "none") == (seconds[bucket] == 0), bucket
+            if bucket not in ("training", "stalled"):  # those two grow while we look
+                assert text == fmt_duration(seconds[bucket]), bucket
+        caption = browser.find_element("id", "ledger-caption").text
+        assert f"goodput {ledger.goodput(now).time * 100:.1f}%" in caption and "GPU-hours" in caption
+
+        time.sleep(2.5)  # one more poll, so the picture shows settled values
+        save_goodput_view(browser, GOODPUT_SCREENSHOT)
+        assert page_errors(browser) == []
+    finally:
+        browser.set_window_size(1400, 900)
+        server.stop()
+
+
+def save_goodput_view(driver, path: Path) -> None:
+    """The page from its top to the open job's time ledger: the tiles, the queue's bars, the job's."""
+    from PIL import Image
+
+    full = Path(tempfile.mkdtemp()) / "page.png"
+    save_full_page(driver, full)
+    bottom = driver.execute_script(
+        "return document.getElementById('job-ledger').getBoundingClientRect().bottom + window.scrollY"
+    )
+    image = Image.open(full)
+    ratio = image.width / driver.execute_script("return window.innerWidth")
+    image.crop((0, 0, image.width, min(image.height, int((bottom + 10) * ratio)))).save(path)
 
 
 def test_spec_strings_are_shown_as_text_never_as_markup(browser):

@@ -21,6 +21,10 @@ memory, the only part that blocks training, and writes and checksums the shard f
 background into a staging directory. `PendingSave.publish` later moves them into the
 checkpoint directory next to the files written synchronously (trainer.pt, RNG, metrics,
 manifest): a checkpoint is never visible before it is complete.
+
+torch.distributed.checkpoint is imported by the functions that save and load, not with this
+module: it costs ~0.5 s of CPU, which every Ray Train worker (and the driver-side actor that
+hands them their training function) would otherwise pay before its first training step.
 """
 
 from __future__ import annotations
@@ -38,9 +42,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from workers.checkpoint_files import (
     MANIFEST_FILE,
@@ -114,6 +115,9 @@ def save(
 ) -> None:
     """Collective: every rank calls it with the same directory (local to the rank).
     `checksums=False` lists sizes only: the baseline bench/checkpoint_checksums.py times."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model_state, optim_state = get_state_dict(model, optimizer)
@@ -223,6 +227,9 @@ def save_async(
     metrics: dict,
 ) -> PendingSave:
     """Collective: stage state into CPU memory (blocking), write and checksum it in the background."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     global _checksummer
     staging = Path(staging)
     staging.mkdir(parents=True, exist_ok=True)  # ranks may share it: no one clears it here
@@ -251,6 +258,10 @@ def load(
     world_size: int,
 ) -> tuple[dict, list[dict]]:
     """Restore model, optimizer and RNG in place; return (trainer_state, metrics history)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     directory = Path(directory)
     reason = incomplete_reason(str(directory))
     if reason is not None:
@@ -298,6 +309,7 @@ def read_model_state(directory: str | Path) -> dict[str, torch.Tensor]:
     Works for a checkpoint of any strategy and world size: the names are the model's own
     (no DDP/compile/checkpoint-wrapper prefixes) and DCP assembles each tensor from its shards.
     """
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 

@@ -250,10 +250,17 @@ class PhaseTimer:
     def step_done(self) -> None:
         self._steps += 1
 
+    def move(self, source: str, target: str, seconds: float) -> None:
+        """Count `seconds` of host phase `source` as phase `target` instead."""
+        seconds = min(seconds, self._totals.get(source, 0.0))
+        self._totals[source] = self._totals.get(source, 0.0) - seconds
+        self._totals[target] = self._totals.get(target, 0.0) + seconds
+
     def means(self) -> dict[str, float]:
-        """{"data_s", "compute_s", "optimizer_s"}: means per step since the last call (then
-        reset). Device phases count only the steps whose CUDA events have completed, so reading
-        them never waits for the GPU; the others are counted at a later call."""
+        """{"data_s", "compute_s", "optimizer_s"}, and "sync_s" (`CollectiveWait`): means per
+        step since the last call (then reset). Device phases count only the steps whose CUDA
+        events have completed, so reading them never waits for the GPU; the others are counted
+        at a later call."""
         out = {f"{name}_s": total / max(self._steps, 1) for name, total in self._totals.items()}
         device_totals: dict[str, float] = {}
         counts: dict[str, int] = {}
@@ -267,6 +274,34 @@ class PhaseTimer:
         out.update({f"{name}_s": total / counts[name] for name, total in device_totals.items()})
         self._totals, self._events, self._steps = {}, pending, 0
         return out
+
+
+class CollectiveWait:
+    """The part of a DDP rank's backward spent waiting for the other ranks, moved out of its
+    `compute` phase into `sync`, so that `compute_s` is the rank's own work (what straggler
+    detection compares across ranks).
+
+    DDP launches each bucket's all-reduce as soon as its gradients are ready and waits for all
+    of them when the backward ends. The last gradient this rank accumulates marks the end of
+    its own backward; from there until `backward()` returns it waits for slower ranks. Host
+    clock only (CPU, gloo): on a GPU the phases are CUDA events and the wait stays in them."""
+
+    def __init__(self, model: nn.Module, timer: PhaseTimer):
+        self.timer, self.ready = timer, None
+        self.active = isinstance(model, nn.parallel.DistributedDataParallel) and not timer.cuda
+        if self.active:
+            for param in model.module.parameters():
+                if param.requires_grad:
+                    param.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, _param) -> None:
+        self.ready = time.perf_counter()
+
+    def backward_done(self) -> None:
+        """After the backward that synchronises the gradients."""
+        if self.active and self.ready is not None and self.timer.enabled:
+            self.timer.move("compute", "sync", time.perf_counter() - self.ready)
+        self.ready = None
 
 
 def memory_fields(device: torch.device) -> dict[str, int]:

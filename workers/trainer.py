@@ -19,7 +19,7 @@ import kernels
 from core import records
 from core.spec import JobSpec
 from workers import compile as compile_
-from workers import data, metrics_ab, models, throughput
+from workers import data, faults, metrics_ab, models, throughput
 from workers.checkpointer import Checkpointer, TrainState
 from workers.context import RunContext
 from workers.evaluator import Evaluator
@@ -100,6 +100,8 @@ class Trainer:
         self.checkpointer = Checkpointer(spec, ctx, self)
         self.metrics = MetricsProcessor(spec, ctx, self)
         self.evaluator = Evaluator(spec, ctx, self)
+        self.collective_wait = throughput.CollectiveWait(self.model, self.timer)
+        faults.apply(self, spec.name)  # only in the tests of hang and straggler detection
 
     # -- the step --------------------------------------------------------------------
 
@@ -128,6 +130,8 @@ class Trainer:
                 with self.timer.device("compute"):
                     loss = self.loss(logits, y, self.spec.train.label_smoothing) / accum
                     self.precision.scaler.scale(loss).backward()
+            if last:  # its wait for the other ranks is not its compute
+                self.collective_wait.backward_done()
             total += loss.detach()
         scaler = self.precision.scaler
         with self.timer.device("optimizer"):

@@ -231,6 +231,18 @@ class CheckpointSpec(Section):
 
 class FaultToleranceSpec(Section):
     max_failures: int = Field(0, ge=-1, le=1000, description="-1 retries forever")
+    hang_timeout_s: float | None = Field(
+        None,
+        ge=5.0,
+        le=7 * 86400.0,
+        description="no step progress for this long (outside checkpoints and evaluations) is a "
+        "hang; None: max(120 s, 10 x the attempt's p95 time between logged steps)",
+    )
+    # only `warn` so far: restarting a job away from a slow node needs the policy to avoid
+    # nodes per job (docs/monitoring.md, "Stragglers")
+    on_straggler: Literal["warn"] = Field(
+        "warn", description="what follows a rank whose compute is 20% over the median rank's"
+    )
 
 
 class SchedulingSpec(Section):

@@ -184,12 +184,28 @@ def print_queued_job(job: dict) -> None:
         print(f"  Ray Job:    {runs} (attempt {job['attempt']}{shared})")
     waited, eta = duration_text(job.get("waited_s")), duration_text(job.get("remaining_s"))
     print(f"  waited:     {waited} in the queue   ETA: {eta}")
+    if job.get("ledger"):
+        from orchestrator.commands.goodput import ledger_lines
+
+        bar, spent = ledger_lines(job["ledger"])
+        print(f"  time:       {bar}\n              {spent}")
     if job.get("note") or job.get("reason"):
         print(f"  note:       {job.get('note') or job.get('reason')}")
+    for s in job.get("stragglers") or []:
+        ip = f", {s['ip']}" if s.get("ip") else ""
+        print(
+            f"  WARNING:    straggler: rank {s['rank']} computes {s['ratio']:.2f}x the median rank's"
+            f" (node {s['node']}{ip})"
+        )
     print("  history:")
     for event in job.get("history", []):
-        detail = ", ".join(f"{k} {v}" for k, v in event.items() if k not in ("time", "event"))
+        ranks = event.get("ranks") if event["event"] == "hung" else None
+        hidden = ("time", "event", "ranks") if ranks else ("time", "event")
+        shown = {k: v for k, v in event.items() if k not in hidden}
+        detail = ", ".join(f"{k} {v}" for k, v in shown.items())
         print(f"    {when(event['time'])}  {event['event']}" + (f" ({detail})" if detail else ""))
+        for rank, frame in sorted((ranks or {}).items(), key=lambda item: int(item[0])):
+            print(f"        rank {rank} was in {frame or 'no frame of the training code'}")
 
 
 @with_cluster_errors

@@ -108,6 +108,8 @@ def handle_queue(args) -> int:
 
     jobs, info = read_queue(args.address, args.all)
     print(cluster_line(info))
+    for line in queue_lines(info.get("queues")):
+        print(line)
     if not jobs:
         print("the queue is empty" + ("" if args.all else " (--all lists finished jobs)"))
         return 0
@@ -158,6 +160,22 @@ def cluster_line(info: dict) -> str:
     if recent:
         line += "; " + ", ".join(f"{e['node'][:8]} {e['event']} {_ago(e['time'])} ago" for e in recent)
     return line
+
+
+def queue_lines(queues: dict | None) -> list[str]:
+    """A line per configured queue (`orchestrator queues apply`): its use against its nominal
+    quota, and what it borrows or lends within its cohort."""
+    if not queues:
+        return []
+    lines = []
+    for name, q in sorted(queues["use"].items()):
+        where = f"cohort {q['cohort']}" if q["cohort"] else "cap" if q["nominal"] else ""
+        kind = ", ".join(filter(None, [where, q["order"] if q["order"] != "fifo" else ""]))
+        use = ", ".join(f"{q['used'][r]:g}/{n:g} {r}" for r, n in q["nominal"].items()) or "no quota"
+        extra = [f"borrows {v:g} {r}" for r, v in q["borrowed"].items() if v > 0]
+        extra += [f"lends {v:g} {r}" for r, v in q["lent"].items() if v > 0]
+        lines.append(f"queue {name} ({kind}): {use}" + (f"; {', '.join(extra)}" if extra else ""))
+    return lines
 
 
 def handle_preempt(args) -> int:

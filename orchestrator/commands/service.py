@@ -46,6 +46,12 @@ def register(sub) -> None:
         help="a queue's quota, e.g. research=GPU:8 (repeatable)",
     )
     up.add_argument(
+        "--queues",
+        metavar="FILE",
+        help="the queue configuration (cohorts, nominal quotas, LAS; docs/scheduler.md), validated "
+        "before anything starts; later: `orchestrator queues apply FILE`",
+    )
+    up.add_argument(
         "--metrics-host",
         default="127.0.0.1",
         help="where the status page and /metrics listen (default 127.0.0.1; 0.0.0.0 for every address)",
@@ -196,6 +202,14 @@ def handle_up(args) -> int:
     for flag, value in (("--node-loss-wait", args.node_loss_wait), ("--grow-after", args.grow_after)):
         if value < 0:
             raise UsageError(f"{flag} {value:g}: must be 0 or more seconds")
+    quotas, queues = parse_quotas(args.quota), None
+    if args.queues:  # SpecError: one line per problem, exit 2, before anything starts
+        from core.queues import load_queue_config
+
+        queues = load_queue_config(args.queues)
+        both = sorted(quotas.keys() & queues.queues.keys())
+        if both:
+            raise UsageError(f"--queues {args.queues}: queue(s) {', '.join(both)} also have a --quota")
     autoscaler = None
     if args.autoscaler_config:
         from orchestrator.ray.autoscaler import ConfigError, load_config
@@ -229,7 +243,7 @@ def handle_up(args) -> int:
         config = {
             "store": store,
             "dashboard": dashboard,
-            "quotas": parse_quotas(args.quota),
+            "quotas": quotas,
             "backfill": not args.no_backfill,
             "preemption": not args.no_preemption,
             "start_deadline_s": args.start_deadline,
@@ -241,7 +255,16 @@ def handle_up(args) -> int:
         }
         if existing is None:
             wait_for_free_store(store)
+            if queues is not None:  # the new service applies what its store holds
+                from orchestrator.scheduler.store import Store
+
+                Store(store).save_queues(queues.model_dump(mode="json"))
         service = existing or ServiceActor.options(**service_options()).remote(config)
+        if existing is not None and queues is not None:  # a running service takes the file too
+            try:
+                client.call(service.set_queues, queues)
+            except client.ServiceError as err:
+                raise UsageError(f"--queues {args.queues}: {err}") from None
         info = client.call(service.info, retries=30)
         ray_temp_dir = state.get("temp_dir") or cluster.connected_temp_dir()
     cluster.write_state(

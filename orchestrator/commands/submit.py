@@ -208,11 +208,23 @@ def queue_items(spec: JobSpec) -> tuple[list[JobSpec], list[dict]]:
         ]
     else:
         specs, options = [spec], [{}]
+    for option in options:  # users of a `las` queue share it by the service their jobs received
+        option["user"] = submitter()
     for job_spec in specs:
         storage = job_spec.checkpoint.storage
         if "://" not in storage and not os.path.isabs(storage):
             job_spec.checkpoint.storage = os.path.abspath(os.path.expanduser(storage))
     return specs, options
+
+
+def submitter() -> str:
+    """The OS user who submits, as the queue records it ("unknown" where there is none)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name, no passwd entry (some containers)
+        return "unknown"
 
 
 def queue_through_ray(args, spec: JobSpec, specs: list, options: list[dict], working_dir: Path) -> int | None:

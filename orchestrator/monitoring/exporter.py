@@ -49,7 +49,7 @@ EVAL_GAUGES = {
     "eval_perplexity": ("orchestrator_eval_perplexity", "Evaluation perplexity"),
 }
 NOT_COUNTED = ("memory", "object_store_memory", "accelerator_type", "node:")  # bytes and labels, not slots
-PHASES = {"data_s": "data", "compute_s": "compute", "optimizer_s": "optimizer"}
+PHASES = {"data_s": "data", "compute_s": "compute", "sync_s": "sync", "optimizer_s": "optimizer"}
 MEMORY = {
     "memory_allocated_bytes": "allocated",
     "memory_peak_allocated_bytes": "peak_allocated",
@@ -110,7 +110,14 @@ class ServiceCollector(Collector):
         size = GaugeMetricFamily(
             "orchestrator_checkpoint_size_bytes", "Size of the newest checkpoint", labels=["job"]
         )
+        stragglers = GaugeMetricFamily(
+            "orchestrator_straggler_ratio",
+            "A rank's compute time per step over the median rank's (over 1.2: a straggler)",
+            labels=["job", "rank", "node"],
+        )
         for job in jobs:
+            for s in job.get("straggler_ratios") or []:
+                stragglers.add_metric([job["id"], str(s["rank"]), s.get("node") or ""], float(s["ratio"]))
             record, rank = job.get("latest") or {}, str((job.get("latest") or {}).get("rank", 0))
             for key, family in gauges.items():
                 if _finite(record.get(key)):
@@ -138,7 +145,7 @@ class ServiceCollector(Collector):
                 size.add_metric([job["id"]], float(job["checkpoint_bytes"]))
         yield from gauges.values()
         yield from evals.values()
-        yield from (phases, memory, saves, size)
+        yield from (phases, memory, saves, size, stragglers)
 
     def _jobs(self, jobs: list[dict], now: float) -> Iterable:
         state = GaugeMetricFamily(
@@ -169,11 +176,37 @@ class ServiceCollector(Collector):
             "Training steps redone after preemptions and failures",
             labels=["job"],
         )
+        # a rollback moves seconds from training to lost: the training series may step down
+        seconds = CounterMetricFamily(
+            "orchestrator_job_time",
+            "Seconds of the job's wall time in each bucket of its time ledger (docs/monitoring.md)",
+            labels=["job", "bucket"],
+            unit="seconds",
+        )
+        hung = GaugeMetricFamily(
+            "orchestrator_job_hung",
+            "1 from when the hang detector finds the job stalled until it steps again",
+            labels=["job"],
+        )
+        goodput = GaugeMetricFamily(
+            "orchestrator_job_goodput_ratio",
+            "Kept training time over wall time (scheduling x runtime goodput)",
+            labels=["job"],
+        )
         for job in jobs:
             for s in STATES:
                 state.add_metric([job["id"], s], 1.0 if job["state"] == s else 0.0)
-            waited = (job.get("admitted_at") or now) - job["submitted_at"]
+            waited = job.get("waited_s")  # time in the queue only, every wait of a requeued job
+            if waited is None:
+                waited = (job.get("admitted_at") or now) - job["submitted_at"]
             wait.add_metric([job["id"]], max(waited, 0.0))
+            if job["state"] == "running":
+                hung.add_metric([job["id"]], 1.0 if job.get("hung") else 0.0)
+            ledger = job.get("ledger") or {}
+            for bucket, value in (ledger.get("buckets") or {}).items():
+                seconds.add_metric([job["id"], bucket], float(value))
+            if _finite((ledger.get("goodput") or {}).get("time")):
+                goodput.add_metric([job["id"]], float(ledger["goodput"]["time"]))
             if job.get("admitted_at"):
                 start.add_metric([job["id"]], job["admitted_at"])
             if job.get("finished_at"):
@@ -182,7 +215,7 @@ class ServiceCollector(Collector):
             restarts.add_metric([job["id"]], float(job.get("restarts") or 0))
             preemptions.add_metric([job["id"]], float(job.get("preemptions") or 0))
             lost.add_metric([job["id"]], float(job.get("steps_lost") or 0))
-        yield from (state, wait, start, end, priority, restarts, preemptions, lost)
+        yield from (state, wait, start, end, priority, restarts, preemptions, lost, seconds, goodput, hung)
 
     def _cluster(self, snapshot: dict) -> Iterable:
         queued = GaugeMetricFamily(
@@ -211,7 +244,19 @@ class ServiceCollector(Collector):
             resources.add_metric([name, "free"], amount - used)
         nodes = GaugeMetricFamily("orchestrator_cluster_nodes", "Alive nodes of the cluster")
         nodes.add_metric([], float(len(snapshot["nodes"])))
-        yield from (queued, resources, nodes)
+        nodes_lost = CounterMetricFamily(
+            "orchestrator_cluster_nodes_lost", "Nodes that died (not drained) since the service started"
+        )
+        nodes_lost.add_metric([], float(snapshot.get("nodes_lost", 0)))
+        yield from (queued, resources, nodes, nodes_lost)
+        goodput = snapshot.get("goodput") or {}
+        if _finite(goodput.get("time")):
+            ratio = GaugeMetricFamily(
+                "orchestrator_cluster_goodput_ratio",
+                "Kept training time over wall time of the jobs known, weighted by their accelerators",
+            )
+            ratio.add_metric([], float(goodput["time"]))
+            yield ratio
 
 
 def registry_for(source: Snapshot) -> CollectorRegistry:
@@ -228,6 +273,7 @@ EXPORTED = sorted(
         "orchestrator_device_memory_bytes",
         "orchestrator_checkpoint_save_seconds",
         "orchestrator_checkpoint_size_bytes",
+        "orchestrator_straggler_ratio",
         "orchestrator_job_state",
         "orchestrator_job_queue_wait_seconds",
         "orchestrator_job_start_time_seconds",
@@ -236,8 +282,13 @@ EXPORTED = sorted(
         "orchestrator_job_restarts_total",
         "orchestrator_job_preemptions_total",
         "orchestrator_job_steps_lost_total",
+        "orchestrator_job_time_seconds_total",
+        "orchestrator_job_goodput_ratio",
+        "orchestrator_job_hung",
         "orchestrator_queue_length",
         "orchestrator_cluster_resources",
         "orchestrator_cluster_nodes",
+        "orchestrator_cluster_nodes_lost_total",
+        "orchestrator_cluster_goodput_ratio",
     ]
 )  # every metric name this exporter can produce (counters with their _total), for the dashboard's test

@@ -1,11 +1,20 @@
-"""The Prometheus config for one orchestrator cluster: the service's endpoint and Ray's own.
+"""The Prometheus config for one orchestrator cluster: the service's endpoint and Ray's own,
+and the alerting rules shipped beside it (`deploy/prometheus/alerts.yml`).
 
 `deploy/prometheus/prometheus.yml` is this config for the default addresses (a test keeps them
 equal); `orchestrator up` writes it for the cluster it started or joined, with the status
 page's real address and the service discovery file of the head's own temp dir.
+
+Rule files. Prometheus reads a relative `rule_files` path from the config file's own folder,
+so the shipped config names `alerts.yml` (beside it) and stays the same on every machine; a
+config written anywhere else names the shipped file by its absolute path when the package runs
+from the repository (a checkout, an editable install), and none when it was installed from a
+wheel, which has no `deploy/` folder.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import yaml
 
@@ -19,21 +28,35 @@ HEADER = """\
 # - ray: Ray's own metrics (nodes, tasks, Ray Train's controller), found through the service
 #   discovery file the Ray head writes under its temp dir
 #   ({discovery_note}).
+# - rule_files: the alerting rules (deploy/prometheus/alerts.yml; their unit tests:
+#   promtool test rules deploy/prometheus/alerts_test.yml). Firing alerts show at /alerts.
 """
 DEFAULT_SERVICE = "127.0.0.1:8266"
 DEFAULT_DISCOVERY = "/tmp/ray/prom_metrics_service_discovery.json"
 DISCOVERY_FILE = "prom_metrics_service_discovery.json"
+SHIPPED = "deploy/prometheus/prometheus.yml"
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
+
+
+def rules_for(path: str) -> list[str]:
+    """The rule files a config written at `path` names: the shipped rules, relative beside
+    the shipped config, absolute elsewhere; none when this installation lacks them."""
+    if path == SHIPPED:
+        return [RULES.name]
+    return [str(RULES)] if RULES.is_file() else []
 
 
 def prometheus_config(
     service: str = DEFAULT_SERVICE,
     discovery: str = DEFAULT_DISCOVERY,
-    path: str = "deploy/prometheus/prometheus.yml",
+    path: str = SHIPPED,
     discovery_note: str = "/tmp/ray by default; `orchestrator up` writes this config for its own",
 ) -> str:
-    """The config's text: the service at host:port `service`, Ray's targets from `discovery`."""
+    """The config's text, to be written at `path`: the service at host:port `service`, Ray's
+    targets from `discovery`, the shipped alerting rules."""
     body = {
         "global": {"scrape_interval": "5s", "evaluation_interval": "15s"},
+        "rule_files": rules_for(path),
         "scrape_configs": [
             {
                 "job_name": "orchestrator",

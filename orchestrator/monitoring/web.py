@@ -2,7 +2,7 @@
 
     GET /                                the page (a static file: every value comes from the API)
     GET /static/...                      its script, styles and the vendored uPlot
-    GET /api/info                        the service: generation, store, dashboard, nodes, counts
+    GET /api/info                        the service: generation, store, dashboard, nodes, counts, queues
     GET /api/queue                       every job's view, plus its newest rates ("live", "restarts")
                                          and a running job's newest losses ("loss_trail")
     GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)

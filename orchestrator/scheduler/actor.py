@@ -31,23 +31,29 @@ from typing import Any
 
 import ray
 
-from core import metrics_log, run_folder
+from core import metrics_log, run_folder, storage
 from core.jobs import JobState
+from core.ledger import cluster_goodput
+from core.queues import QueueConfig, validate_queue_config
 from core.records import STEP
+from core.run_folder import checkpoint_step
 from core.spec import JobSpec, SpecError, validate
 from orchestrator.monitoring.exporter import registry_for
 from orchestrator.monitoring.page_view import PageView, process_info
 from orchestrator.monitoring.web import make_app, serve
 from orchestrator.ray.autoscaler import detected_config
 from orchestrator.ray.cluster import read_token
+from orchestrator.scheduler import stacks
 from orchestrator.scheduler.admission import add, scale
-from orchestrator.scheduler.cycle import SchedulingCycle, request
+from orchestrator.scheduler.cohorts import CohortBook
+from orchestrator.scheduler.cycle import SchedulingCycle, allocation, request
 from orchestrator.scheduler.lifecycle import Lifecycle
 from orchestrator.scheduler.live import LiveMetrics
 from orchestrator.scheduler.policy import Policy
 from orchestrator.scheduler.runner import JobRunner, submission_id
 from orchestrator.scheduler.store import JobRecord, Store
 from orchestrator.scheduler.submission import new_job_id, new_record, unpack
+from orchestrator.scheduler.watchdog import Watchdog
 
 SERVICE_NAME = "orchestrator"
 HEAD_RESOURCE = "node:__internal_head__"
@@ -89,19 +95,14 @@ class OrchestratorService:
         self.generation = store.acquire_lease(self.owner)
         self.lifecycle = Lifecycle(store, JobRunner(self.config.dashboard), self.config, self.generation)
         self.store, self.jobs = store, self.lifecycle.jobs
-        self.policy = Policy(
-            [],
-            quotas=self.config.quotas,
-            backfill=self.config.backfill,
-            preemption=self.config.preemption,
-            grow_after_s=self.config.grow_after_s,
-        )
+        self.policy = self._startup_policy()
         autoscaler = self.config.autoscaler or detected_config()  # on the head, beside Ray's monitor
         self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config, autoscaler)
         self.started_at = time.time()
         self.last_pass_s = 0.0
         self.lock = threading.RLock()
         self.live: dict[str, LiveMetrics] = {}  # newest metrics of the jobs that report (memory only)
+        self.watchdog = Watchdog()  # hangs and stragglers of the running jobs (memory only)
         self._closing = threading.Event()
         self._wake = threading.Event()  # a submission schedules at once, not at the next tick
         self.token = read_token()  # jobs over HTTP (`POST /api/jobs`) must carry the cluster's token
@@ -126,6 +127,67 @@ class OrchestratorService:
             self.config.store,
         )
         threading.Thread(target=self._loop, name="scheduling", daemon=True).start()
+
+    def _policy(self, queues: QueueConfig | None) -> Policy:
+        """The policy with `queues`; ValueError if a queue has both a --quota and an entry."""
+        return Policy(
+            [],
+            quotas=self.config.quotas,
+            backfill=self.config.backfill,
+            preemption=self.config.preemption,
+            grow_after_s=self.config.grow_after_s,
+            queues=queues,
+        )
+
+    def _startup_policy(self) -> Policy:
+        """With the queue configuration applied last (`queues apply`, or `up --queues`, which
+        stores it before it starts the service), kept in the store: a restart applies it again."""
+        stored = self.store.load_queues()
+        if stored is None:
+            return self._policy(None)
+        try:  # written by `set_queues`: a load, but a newer schema or a new --quota may refuse it
+            return self._policy(validate_queue_config(stored, "stored queues.json"))
+        except (SpecError, ValueError) as err:
+            log.error("the stored queue configuration is not applied: %s", str(err).splitlines()[0])
+            return self._policy(None)
+
+    def set_queues(self, queues: QueueConfig | None) -> dict:
+        """Apply a queue configuration validated by the CLI (None: back to none) and store it
+        for the next start. Refused (ValueError, nothing changed) when a queue has a --quota."""
+        with self.lock:
+            policy = self._policy(queues)
+            policy.set_nodes(self.policy.nodes, self.policy.possible)
+            self.store.save_queues(None if queues is None else queues.model_dump(mode="json"))
+            self.policy = self.cycle.policy = policy
+            log.info(
+                "queue configuration %s",
+                "cleared" if queues is None else f"of {len(queues.queues)} queue(s) applied",
+            )
+        self._wake.set()
+        return self.queues_view()
+
+    def queues_view(self) -> dict | None:
+        """The queue configuration (as written: defaults left out) and each queue's use now
+        (None: no configuration)."""
+        with self.lock:
+            config = self.policy.queue_config
+            if config is None:
+                return None
+            running = [allocation(j) for j in self.jobs.values() if j.state.holds_resources]
+            use = CohortBook(config, running).report()
+            for name, queue in config.queues.items():
+                if name not in use:  # a hard cap, or a queue with an order only
+                    mine = [a for a in running if a.queue == name]
+                    used = {r: sum(a.per_worker.get(r, 0.0) * a.workers for a in mine) for r in queue.nominal}
+                    use[name] = {
+                        "cohort": None,
+                        "used": used,
+                        "nominal": dict(queue.nominal),
+                        "borrowed": {},
+                        "lent": {},
+                    }
+                use[name]["order"] = queue.order
+            return {"config": config.model_dump(mode="json", exclude_defaults=True), "use": use}
 
     def _new_record(self, spec: JobSpec, options: dict, launched_by: str) -> JobRecord:
         job_id = options.get("job_id") or new_job_id(spec.name)
@@ -163,13 +225,14 @@ class OrchestratorService:
             now = time.time() if now is None else now
             self.store.renew_lease(self.owner, self.generation, now)
             self.cycle.run(now)
+            self._check_hangs(now)
         self.last_pass_s = time.perf_counter() - started
 
     # -- submitting ----------------------------------------------------------------------------
 
     def submit(self, spec: JobSpec, options: dict | None = None, package: bytes | None = None) -> dict:
         """Queue a spec validated at submission; `package` is the zipped project directory the
-        job runs in. Options: priority, job_id, sweep. Returns the job's record."""
+        job runs in. Options: priority, job_id, user, sweep. Returns the job's record."""
         options = options or {}
         with self.lock:
             job = self._new_record(spec, options, "service")
@@ -251,6 +314,8 @@ class OrchestratorService:
             if progress.get("rewound"):
                 live.clear()
             live.add(progress.get("records") or [])
+            self._account(job, progress)
+            self.watchdog.observe(job, progress, time.time())
             if progress.get("ranks") is not None:
                 live.ranks = dict(progress["ranks"])
             if progress.get("restarts") is not None:
@@ -268,6 +333,7 @@ class OrchestratorService:
                 # a job run again under a name whose run has checkpoints continues that run
                 job.log("resuming", run=job.run, step=start)
                 changed = True
+            changed = self._stragglers(job) or changed
             if progress.get("workers_started") and job.state is JobState.ADMITTED:
                 self.lifecycle.mark_running(job, attempt)  # saves
             elif changed:
@@ -286,6 +352,8 @@ class OrchestratorService:
                 self.lifecycle.correct_node_loss(job, attempt, summary)
                 return self._view(job)
             job.summary = summary
+            if job.ledger is not None and summary.get("checkpoint"):
+                job.ledger.checkpointed(checkpoint_step(summary["checkpoint"]))
             job.step = summary.get("steps") or job.step
             job.last_checkpoint = summary.get("checkpoint") or job.last_checkpoint
             lost = self.cycle.lost_nodes(job) if outcome == "failed" else []  # else every rank finished
@@ -377,6 +445,8 @@ class OrchestratorService:
                 if self.cycle.node_types is None
                 else {"may_add": dict(self.cycle.scale_left), "asked_for": dict(self.cycle.scaling_for)},
                 "jobs": counts,
+                "goodput": self._cluster_goodput(time.time()),
+                "queues": self.queues_view(),
                 "last_pass_s": self.last_pass_s,
                 "process": process_info(),  # the control plane never loads torch: see for yourself
             }
@@ -407,12 +477,21 @@ class OrchestratorService:
                 view = self._view(job, history=False)
                 live = self.live.get(job.id)
                 view.update(live.snapshot() if live else {})
+                view["straggler_ratios"] = self.watchdog.ratios(job.id) if job.state.holds_resources else []
+                watch = self.watchdog.watches.get(job.id) if job.state.holds_resources else None
+                view["hung"] = bool(watch is not None and watch.clock.fired)  # until it steps again
                 view["restarts"] = (live.restarts if live else 0) + sum(
                     1 for e in job.history if e["event"] == "driver-exited"
                 )
                 jobs.append(view)
             nodes = [{"id": n.id, "capacity": dict(n.capacity)} for n in self.nodes]
-            return {"jobs": jobs, "nodes": nodes, "busy": self._busy()}
+            return {
+                "jobs": jobs,
+                "nodes": nodes,
+                "busy": self._busy(),
+                "nodes_lost": self.cycle.nodes_lost,
+                "goodput": self._cluster_goodput(time.time()),
+            }
 
     def metrics_since(self, job_id: str, since_step: int) -> list[dict]:
         """A job's metrics records after `since_step`: from memory while it reports, else from its
@@ -437,7 +516,102 @@ class OrchestratorService:
         except OSError:
             return []
 
+    # -- hangs and stragglers (docs/monitoring.md) ----------------------------------------------
+
+    def _check_hangs(self, now: float) -> None:
+        """Running jobs without step progress for longer than their hang timeout: their stacks
+        are taken and their ranks ended (Ray Train restarts them from the newest checkpoint)
+        on a thread of their own, so that scheduling goes on meanwhile."""
+        for job, watch, timeout in self.watchdog.hung(list(self.jobs.values()), now):
+            stalled = watch.clock.stalled_s(now)
+            log.warning(
+                "%s: no step after %d for %.0f s (timeout %.0f s): hung", job.id, job.step, stalled, timeout
+            )
+            hang = dict(attempt=job.attempt, step=job.step, workers=dict(watch.workers), stalled_s=stalled)
+            threading.Thread(
+                target=self._on_hang, args=(job.id, hang, timeout), name=f"hang-{job.id}", daemon=True
+            ).start()
+
+    def _on_hang(self, job_id: str, hang: dict, timeout: float) -> None:
+        with self.lock:
+            job = self._job(job_id)
+            run_uri = run_folder.run_uri(job.spec, job.run)
+            folder = run_folder.hang_folder(run_uri, hang["attempt"], hang["step"])
+        taken = stacks.stacks(self.config.dashboard, self.token, hang["workers"])
+        try:
+            fs, path = storage.resolve(folder)
+            fs.create_dir(path, recursive=True)
+            for rank, text in taken.items():
+                with fs.open_output_stream(f"{path}/rank-{rank}.txt") as out:
+                    out.write(text.encode())
+        except OSError as err:
+            log.error("%s: cannot save the stacks of its hang in %s: %s", job_id, folder, err)
+        with self.lock:
+            job = self._job(job_id)
+            clock = self.watchdog.watches.get(job_id)
+            if job.attempt != hang["attempt"] or job.state is not JobState.RUNNING or clock is None:
+                return  # it ended or moved on meanwhile
+            if clock.clock.step != hang["step"]:
+                log.warning("%s stepped again while its stacks were taken: not restarted", job_id)
+                return
+            job.log(
+                "hung",
+                step=hang["step"],
+                stalled_s=round(hang["stalled_s"], 1),
+                timeout_s=round(timeout, 1),
+                stacks=folder,
+                ranks={str(rank): stacks.where(text) for rank, text in taken.items()},
+            )
+            self.lifecycle.save(job)
+        try:
+            stacks.kill(hang["workers"])
+        except Exception as err:
+            log.error("%s: cannot end its hung ranks: %s", job_id, err)
+
+    def _stragglers(self, job: JobRecord) -> bool:
+        """A `straggler` line in the job's history for each rank newly flagged (`on_straggler:
+        warn`, the one action so far). Returns whether the job changed."""
+        fresh = self.watchdog.new_stragglers(job.id)
+        for s in fresh:
+            log.warning(
+                "%s: rank %d computes %.2fx the median rank's (node %s)",
+                *(job.id, s["rank"], s["ratio"], s["node"]),
+            )
+            job.log("straggler", rank=s["rank"], node=s["node"], ip=s["ip"], ratio=round(s["ratio"], 3))
+        return bool(fresh)
+
     # -- helpers -------------------------------------------------------------------------------
+
+    def _mfu(self, job_id: str) -> float | None:
+        live = self.live.get(job_id)
+        return (live.latest or {}).get("mfu") if live is not None else None
+
+    def _cluster_goodput(self, now: float, since: float | None = None) -> dict:
+        """Goodput over the jobs in the table (those alive after `since`), each weighted by its
+        accelerators (docs/monitoring.md)."""
+        ledgers = [
+            (job.ledger, self._mfu(job.id))
+            for job in self.jobs.values()
+            if job.ledger is not None and (since is None or (job.finished_at or now) >= since)
+        ]
+        return cluster_goodput(ledgers, now).as_dict()
+
+    @staticmethod
+    def _account(job: JobRecord, progress: dict) -> None:
+        """A driver's report in the job's time ledger: the start of a run first (a resume below
+        the newest step reached rolls training back), then the records, then a new checkpoint."""
+        ledger, now = job.ledger, time.time()
+        if ledger is None:
+            return
+        batch = progress.get("records") or []
+        if progress.get("start_step") is not None:  # the run began before the records it sent
+            times = [r["time"] for r in batch if isinstance(r.get("time"), (int, float))]
+            run = [job.attempt, int(progress.get("restarts") or 0)]
+            ledger.began(run, progress["start_step"], min([now, *times]))
+        for record in batch:
+            ledger.record(record, now)
+        if progress.get("checkpoint") and progress["checkpoint"] != job.last_checkpoint:
+            ledger.checkpointed(checkpoint_step(progress["checkpoint"]))
 
     def _job(self, job_id: str) -> JobRecord:
         job = self.jobs.get(job_id)
@@ -448,9 +622,11 @@ class OrchestratorService:
     def _view(self, job: JobRecord, history: bool = True) -> dict[str, Any]:
         view = job.to_json()
         view.pop("spec")  # the typed spec stays here; views are plain JSON
+        view["ledger"] = job.ledger.view(time.time(), self._mfu(job.id)) if job.ledger is not None else None
         if not history:
             view.pop("history")
         view["note"] = self.notes.get(job.id)
+        view["stragglers"] = self.watchdog.stragglers(job.id) if job.state.holds_resources else []
         view["remaining_s"] = job.remaining_s
         view["waited_s"] = job.waited(time.time())
         res = job.spec.resources

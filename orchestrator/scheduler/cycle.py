@@ -41,6 +41,7 @@ class SchedulingCycle:
         self.draining: set[str] = set()  # live nodes being drained (about to go): no new work
         self.drained_away: set[str] = set()  # nodes that went after draining (Ray ends them once idle)
         self.node_events: list[dict] = []  # nodes that joined, were lost or began draining: newest 20
+        self.nodes_lost = 0  # nodes that died (not drained) since the service started
         self.notes: dict[str, str] = {}  # why a pending job did not start, from the last pass
 
     def run(self, now: float) -> None:
@@ -71,6 +72,7 @@ class SchedulingCycle:
             )
             for event, ids in changes:
                 self.node_events += [{"time": now, "event": event, "node": i} for i in sorted(ids)]
+            self.nodes_lost += len(gone - self.draining)
             self.node_events += [
                 {"time": now, "event": "draining", "node": i} for i in sorted(draining - self.draining)
             ]
@@ -247,6 +249,9 @@ def request(job: JobRecord) -> JobRequest:
         job.queue,
         job.remaining_s,
         sizes=elastic_sizes(job),
+        user=job.user,
+        attained_s=job.attained_s,
+        queued_since=job.pending_since,
     )
 
 
@@ -264,6 +269,8 @@ def allocation(job: JobRecord) -> Allocation:
         None if remaining is None else time.time() + remaining,
         stopping=job.state is JobState.STOPPING,
         sizes=elastic_sizes(job),
+        user=job.user,
+        attained_s=job.attained_s,
     )
 
 

@@ -5,6 +5,8 @@
 saves the record before anything else learns of the change. The other methods are the
 service's verbs (admit, mark running, request a stop, requeue, finish) built on it; they
 change the fields that go with a state (placement, stop request, backoff) together with it.
+Leaving a state that holds resources ends an attempt, whichever verb did it: `end_attempt`
+adds the attempt's service to the job's `attained_s` (what LAS orders by) and clears its placement.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 
 from core.jobs import JobState, check_transition
 from core.run_folder import checkpoint_step
+from orchestrator.scheduler.las import service_rate
 from orchestrator.scheduler.runner import JobRunner, submission_id
 from orchestrator.scheduler.store import JobRecord, Store
 
@@ -40,10 +43,14 @@ class Lifecycle:
         """Move `job` to `state` (an allowed transition), log `event` (default: the state's name)
         with `detail` in its history unless `quiet` (the caller logged why), and save it."""
         check_transition(job.id, job.state, state)
+        if job.ledger is not None:
+            job.ledger.state(state, now)
         if state.is_pending and not job.state.is_pending:
             job.pending_since = now  # back in the queue
         elif job.state.is_pending and not state.is_pending:
             job.waited_s, job.pending_since = job.waited(now), None
+        if job.state.holds_resources and not state.holds_resources:
+            end_attempt(job, now)
         job.state = state
         if not quiet:
             job.log(event or state.value, now, **detail)
@@ -56,6 +63,8 @@ class Lifecycle:
         job.placement, job.admitted_at, job.generation = dict(placement), now, self.generation
         job.step_time_s = None  # this attempt measures its own (an elastic job may run at another size)
         workers, nodes = sum(placement.values()), len(placement)
+        if job.ledger is not None:
+            job.ledger.workers = workers  # an elastic job's GPU-seconds follow its size
         self.set_state(
             job, JobState.ADMITTED, now, attempt=job.attempt, workers=workers, nodes=nodes, step=job.step
         )
@@ -215,7 +224,9 @@ class Lifecycle:
             self.finish(job, JobState.FAILED, now, reason=reason)
             return
         state = JobState.PREEMPTED if job.stop_requested == "preempt" else JobState.QUEUED
-        job.placement, job.stop_requested, job.stop_requested_at, job.killed = {}, None, None, False
+        if state is JobState.QUEUED and job.ledger is not None:  # not asked to stop: it failed
+            job.ledger.failed()
+        job.stop_requested, job.stop_requested_at, job.killed = None, None, False
         job.resize_to = None
         job.unconfirmed_failure = None
         if backoff:
@@ -227,5 +238,14 @@ class Lifecycle:
 
     def finish(self, job: JobRecord, state: JobState, now: float, reason: str | None = None) -> None:
         job.finished_at, job.reason = now, reason or job.reason
-        job.placement, job.stop_requested, job.unconfirmed_failure, job.resize_to = {}, None, None, None
+        job.stop_requested, job.unconfirmed_failure, job.resize_to = None, None, None
         self.set_state(job, state, now, step=job.step, **({"reason": reason} if reason else {}))
+
+
+def end_attempt(job: JobRecord, now: float) -> None:
+    """An attempt ends (finished, preempted, failed, resized, requeued): its service joins the
+    job's `attained_s` and its resources are given back. The service is counted from
+    `admitted_at`, as the policy counts the current attempt (`Allocation.started_at`)."""
+    if job.admitted_at is not None and job.placement:
+        job.attained_s += max(0.0, now - job.admitted_at) * service_rate(job.per_worker, job.placement_size)
+    job.placement = {}

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 
+from core.queues import QueueConfig
 from orchestrator.scheduler.admission import (
     EPS,
     UNBOUNDED,
@@ -55,6 +56,8 @@ from orchestrator.scheduler.admission import (
     positive,
     slots,
 )
+from orchestrator.scheduler.cohorts import CohortBook, CohortLayout, Verdict
+from orchestrator.scheduler.las import Las
 from orchestrator.scheduler.preemption import choose_shrinks, choose_victims
 from orchestrator.scheduler.queue import QuotaBook, order_pending, quota_reason
 from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node, Resources
@@ -188,6 +191,11 @@ class Policy:
 
     `grow_after_s`: how long an elastic job runs at one size before it may grow (each resize
     costs a checkpoint and a restart); `math.inf` turns growing off.
+
+    `queues`: the validated queue configuration (`core.queues.QueueConfig`), opt-in per queue:
+    order `las` (least attained service, `las.py`) and cohorts with borrowing and reclaim
+    (`cohorts.py`); a queue in no cohort with a nominal quota is a hard cap, like `quotas`.
+    Without it (or for queues it does not name) the policy is as described above.
     """
 
     def __init__(
@@ -198,12 +206,24 @@ class Policy:
         preemption: bool = True,
         backfill_window: int = DEFAULT_BACKFILL_WINDOW,
         grow_after_s: float = DEFAULT_GROW_AFTER_S,
+        queues: QueueConfig | None = None,
     ) -> None:
         if backfill_window < 0:
             raise ValueError(f"backfill_window must be >= 0, got {backfill_window}")
         if not grow_after_s >= 0:  # NaN too
             raise ValueError(f"grow_after_s must be >= 0, got {grow_after_s}")
         self.quotas: dict[str, dict[str, float]] = {q: dict(limits) for q, limits in (quotas or {}).items()}
+        self.queue_config = queues
+        self.las: Las | None = None
+        self.cohorts = False  # whether any queue is in a cohort
+        if queues is not None:
+            both = sorted(self.quotas.keys() & queues.queues.keys())
+            if both:
+                raise ValueError(f"queue(s) {', '.join(both)} have both a quota and a queue config entry")
+            self.quotas.update(queues.hard_caps())
+            self.las = Las(queues.las, queues.las_queues()) if queues.las_queues() else None
+            self.cohorts = any(queue.cohort is not None for queue in queues.queues.values())
+            self.cohort_layout = CohortLayout(queues)
         self.backfill = backfill
         self.preemption = preemption
         self.backfill_window = backfill_window
@@ -229,6 +249,8 @@ class Policy:
         reason = oversize_reason(smallest, self.possible)
         if reason and len(self.possible) > len(self.nodes):
             reason += f", counting the {len(self.possible) - len(self.nodes)} the autoscaler may still add"
+        if reason is None and self.cohorts:
+            reason = CohortBook(self.queue_config).never_reason(smallest)
         return reason or quota_reason(smallest, self.quotas)
 
     def oversize_note(self, job: JobRequest, shape: Shape | None = None) -> str | None:
@@ -240,28 +262,56 @@ class Policy:
         return None if reason is None else f"cannot start on the cluster as it is now: {reason}"
 
     def schedule(self, now: float, pending: list[JobRequest], running: list[Allocation]) -> Decision:
-        return _Pass(self, now, list(running)).run(order_pending(pending))
+        running = list(running)
+        cohorts = CohortBook(self.cohort_layout, running) if self.cohorts else None
+        # jobs of cohort queues below their nominal quota go first within their priority
+        # (Kueue: no borrowing ahead of a lender), so the backfill window reaches them
+        first = cohorts.lenders() if cohorts is not None else set()
+        served = self.las.served(running, now) if self.las is not None else {}
+        levels = self.las.pending_levels(pending, now) if self.las is not None else {}
+        if self.las is not None:
+            ordered = self.las.order(pending, running, now, first, served, levels)
+        else:
+            ordered = order_pending(pending)
+            if first:
+                ordered.sort(key=lambda job: (-job.priority, job.queue not in first))
+        return _Pass(self, now, running, cohorts, served, levels).run(ordered)
 
 
 class _Pass:
     """The state of one scheduling pass (see the module docstring for the steps)."""
 
-    def __init__(self, policy: Policy, now: float, running: list[Allocation]) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        now: float,
+        running: list[Allocation],
+        cohorts: CohortBook | None = None,
+        served: dict[str, tuple[float, float]] | None = None,
+        levels: dict[str, int] | None = None,
+    ) -> None:
         self.policy = policy
         self.now = now
         self.running = running
         self.free = _View(free_capacity(policy.nodes, running))
         self.quotas = QuotaBook(policy.quotas, running)
+        self.cohorts = cohorts
+        self.served = served or {}  # LAS: each running job's attained service, once per pass
+        self.levels = levels or {}  # LAS: each pending job's level, once per pass
         self.held = list(running)  # running jobs and those started in this pass, for the shadow time
         self.decision = Decision()
         self.reservation: _Reservation | None = None
         self.spare: _Spare | None = None
+        self.quota_tried: set[str] = set()  # queues whose jobs looked for victims to free quota
 
     def run(self, ordered: list[JobRequest]) -> Decision:
         policy, decision = self.policy, self.decision
         running_ids = {allocation.job_id for allocation in self.running}
         queue_blocked_by: dict[str, str] = {}
         examined = 0
+        cohorts = self.cohorts
+        if cohorts is not None:
+            cohorts.note_waiting(j.at_size(j.allowed_sizes()[-1]) for j in ordered if j.id not in running_ids)
         for position, job in enumerate(ordered):
             if self.reservation is not None:
                 if not policy.backfill or examined >= policy.backfill_window:
@@ -274,18 +324,27 @@ class _Pass:
             note = policy.oversize_note(smallest, shape)
             if note is not None:
                 decision.notes[job.id] = note
+                if cohorts is not None:
+                    cohorts.skip(job)
                 continue
             if job.queue in queue_blocked_by:
                 decision.notes[job.id] = (
                     f"queue '{job.queue}' is at its quota; waiting behind job {queue_blocked_by[job.queue]}"
                 )
                 continue
-            if not self.quotas.allows(smallest):
-                decision.notes[job.id] = self.quotas.note(smallest)
-                queue_blocked_by[job.queue] = job.id
+            blocked = None if self.quotas.allows(smallest) else self.quotas.note(smallest)
+            verdict = cohorts.verdict(smallest) if cohorts is not None and not blocked else Verdict.OK
+            if blocked or verdict is not Verdict.OK:
+                plan = self._quota_preemption(smallest, verdict)
+                if plan is not None:  # it is the head, waiting for victims that give its quota back
+                    self._reserve(job, smallest, *plan)
+                    self._hold_quota(smallest)
+                else:
+                    decision.notes[job.id] = blocked or cohorts.note(smallest, verdict)
+                    self._block_queue(queue_blocked_by, job)
                 continue
             if len(sized) > 1:
-                sized = [item for item in sized if self.quotas.allows(item[0])]
+                sized = [item for item in sized if self._quota_allows(item[0])]
 
             if self.reservation is None:
                 for request, request_shape in sized:
@@ -297,7 +356,7 @@ class _Pass:
                     self._reserve(job, smallest)
                     # its queue's quota is kept for it too, so that jobs of the same queue that
                     # go ahead cannot leave it without quota when its resources come free
-                    self.quotas.reserve(smallest)
+                    self._hold_quota(smallest)
                 continue
 
             why = self._backfill(job, sized)
@@ -309,7 +368,34 @@ class _Pass:
                 )
         if self.reservation is None:
             self._grow(set(queue_blocked_by))
+        if policy.las is not None:
+            started = {job_id for job_id, _ in decision.admit}
+            waiting = [job for job in ordered if job.id not in started and job.id not in running_ids]
+            decision.wake_at = policy.las.wake_at(waiting, self.held, self.now, self.served, self.levels)
         return decision
+
+    def _block_queue(self, queue_blocked_by: dict[str, str], job: JobRequest) -> None:
+        """The rest of the job's queue waits behind it (a queue stays FIFO), except in a `las`
+        queue, where later jobs may pass it unless it is starving (see `las.may_pass`)."""
+        las = self.policy.las
+        if las is None or not las.may_pass(job, job, self.now):
+            queue_blocked_by[job.queue] = job.id
+
+    def _quota_allows(self, request: JobRequest) -> bool:
+        """The hard quota allows it, and its cohort lets it start now (an elastic job's size)."""
+        if not self.quotas.allows(request):
+            return False
+        return self.cohorts is None or self.cohorts.verdict(request) is Verdict.OK
+
+    def _hold_quota(self, head: JobRequest) -> None:
+        """Keep the head's share of its queue's quota (and cohort pool) for it; not for a head
+        of a `las` queue that later jobs may pass (they may take its quota too)."""
+        las = self.policy.las
+        if las is not None and las.may_pass(head, head, self.now):
+            return
+        self.quotas.reserve(head)
+        if self.cohorts is not None:
+            self.cohorts.charge(head)
 
     def _start(
         self, job: JobRequest, request: JobRequest, placement: dict[str, int], beside_head: bool = False
@@ -321,6 +407,8 @@ class _Pass:
                 self.spare.take_headroom(placement, job.per_worker)
             self.spare.refresh(placement)
         self.quotas.charge(request)
+        if self.cohorts is not None:
+            self.cohorts.charge(request)
         self.decision.admit.append((job.id, placement))
         est_end = None if job.est_runtime_s is None else self.now + job.est_runtime_s
         self.held.append(
@@ -334,12 +422,17 @@ class _Pass:
                 job.queue,
                 est_end,
                 sizes=job.sizes,
+                user=job.user,
+                attained_s=job.attained_s,
             )
         )
 
-    def _reserve(self, job: JobRequest, head: JobRequest) -> None:
+    def _reserve(
+        self, job: JobRequest, head: JobRequest, chosen: list[str] | None = None, why: str = "lower-priority"
+    ) -> None:
         """The head's reservation (`head`: the job at its smallest size); chooses jobs to shrink
-        or victims (into the decision) when that lets it start."""
+        or victims (into the decision) when that lets it start. `chosen`: victims chosen
+        already (`_quota_preemption`), preempted for the reason `why`."""
         now, decision, free = self.now, self.decision, self.free.by_node
         stopping = [allocation for allocation in self.running if allocation.stopping]
         victims: list[Allocation] = []
@@ -348,14 +441,18 @@ class _Pass:
             victims = stopping  # stopped for an earlier head, or for this one: wait, choose no more
         elif self.policy.preemption:
             by_id = {allocation.job_id: allocation for allocation in self.running}
-            # shrink before stop: whole jobs are stopped only when shrinking cannot make room
-            shrinks = choose_shrinks(
-                head, self.running, self.policy.nodes, free, lambda plan: self._come_back(job, plan, by_id)
-            )
-            if shrinks:
-                chosen = list(shrinks)
-            else:
-                chosen = choose_victims(head, self.running, self.policy.nodes, free) or []
+            if chosen is None:
+                # shrink before stop: whole jobs are stopped only when shrinking cannot make room
+                shrinks = choose_shrinks(
+                    head,
+                    self.running,
+                    self.policy.nodes,
+                    free,
+                    lambda plan: self._come_back(job, plan, by_id),
+                )
+                chosen = list(shrinks) if shrinks else self._victims(head)
+                if not shrinks and chosen and by_id[chosen[0]].priority >= head.priority:
+                    why = "more-served (LAS)"
             victims = [by_id[job_id] for job_id in chosen]
         if victims:
             # a shrunk job, like a victim, stops whole (checkpointed) and starts again smaller
@@ -369,7 +466,7 @@ class _Pass:
                     names = [f"{v.job_id} {v.workers}->{shrinks[v.job_id]} workers" for v in victims]
                 elif not stopping:
                     decision.preempt = names
-                    verb = f"preempting {len(victims)} lower-priority job(s)"
+                    verb = f"preempting {len(victims)} {why} job(s)"
                 else:
                     verb = f"waiting for {len(victims)} stopping job(s) to release their resources"
                 decision.reserved_for = decision.head = head.id
@@ -412,6 +509,85 @@ class _Pass:
         self.reservation = _Reservation(head, start, placement, promised=False)
         self.spare = _Spare(free, _headroom(avail, placement, head))
 
+    def _victims(self, head: JobRequest) -> list[str]:
+        """Lower-priority preemptible jobs to stop for the head; failing that, jobs of its own
+        `las` queue and priority at a higher LAS level (`las.py`); failing that, when its queue
+        is below its nominal quota, borrowers of its cohort (reclaim of room on the nodes)."""
+        nodes, free = self.policy.nodes, self.free.by_node
+        chosen = choose_victims(head, self.running, nodes, free)
+        las, cohorts = self.policy.las, self.cohorts
+        if chosen is None and las is not None:
+            eligible = las.eligible(head, self.now, self.served)
+            if eligible is not None:
+                rank = las.rank(self.now, self.served)
+                chosen = choose_victims(head, self.running, nodes, free, eligible, rank)
+        if chosen is None and cohorts is not None and cohorts.manages(head.queue):
+            if cohorts.below_nominal(head.queue, head.total()):
+                chosen = self._victims_for_quota(head, cohorts.reclaimable(head), _recent_first, reclaim=True)
+        return chosen or []
+
+    def _quota_preemption(self, head: JobRequest, verdict: Verdict) -> tuple[list[str], str] | None:
+        """Victims that give a head its quota back, and why; None when there are none.
+
+        Reclaim (`verdict` RECLAIM): borrowers of its cohort, the most recently started first.
+        Failing that, for a job of a `las` queue: jobs of its own queue at a higher LAS level
+        (as for room on the nodes), which frees its queue's quota too. Only the head of a pass
+        chooses victims, and none while jobs are stopping (as in `_reserve`).
+        """
+        if self.reservation is not None or not self.policy.preemption or head.queue in self.quota_tried:
+            return None
+        self.quota_tried.add(head.queue)  # once per queue and pass: a failed search costs a lot
+        if any(allocation.stopping for allocation in self.running):
+            return None
+        if verdict is Verdict.RECLAIM:
+            chosen = self._victims_for_quota(head, self.cohorts.reclaimable(head), _recent_first, True)
+            if chosen:
+                return chosen, "borrowing"
+        las = self.policy.las
+        eligible = las.eligible(head, self.now, self.served) if las is not None else None
+        if eligible is None:
+            return None
+        chosen = self._victims_for_quota(head, eligible, las.rank(self.now, self.served), reclaim=False)
+        return (chosen, "more-served (LAS)") if chosen else None
+
+    def _victims_for_quota(self, head: JobRequest, eligible, rank, reclaim: bool) -> list[str]:
+        """Eligible jobs to stop so that the head fits the nodes and its quota; [] if none do.
+
+        First those that make room on the nodes (`choose_victims`), then more in `rank` order
+        until the quota fits too (a reclaim takes only from queues still borrowing).
+        """
+        chosen = choose_victims(head, self.running, self.policy.nodes, self.free.by_node, eligible, rank)
+        if chosen is None:
+            return []
+        by_id = {allocation.job_id: allocation for allocation in self.running}
+        released = [by_id[job_id] for job_id in chosen]
+        self._quota_release(released, -1)
+        # a reclaim never takes a borrower's queue below its nominal quota
+        fits = not reclaim or all(not self.cohorts.below_nominal(a.queue, a.total()) for a in released)
+        extra = sorted((a for a in self.running if eligible(a) and a.job_id not in chosen), key=rank)
+        for allocation in extra if fits else []:
+            if self._quota_fits(head):
+                break
+            if not reclaim or self.cohorts.keeps_nominal(allocation):
+                self._quota_release([allocation], -1)
+                released.append(allocation)
+        fits = fits and self._quota_fits(head)
+        self._quota_release(released, +1)  # they hold their quota until they have stopped
+        return [allocation.job_id for allocation in released] if fits else []
+
+    def _quota_fits(self, head: JobRequest) -> bool:
+        return self.quotas.allows(head) and (self.cohorts is None or self.cohorts.verdict(head) is Verdict.OK)
+
+    def _quota_release(self, allocations: list[Allocation], sign: int) -> None:
+        """Take the allocations out of the quota books (-1), or put them back (+1)."""
+        for allocation in allocations:
+            self.quotas.add(allocation, sign)
+            if self.cohorts is not None:
+                if sign < 0:
+                    self.cohorts.release(allocation)
+                else:
+                    self.cohorts.charge_allocation(allocation)
+
     def _backfill(self, job: JobRequest, sized: list[tuple[JobRequest, Shape]]) -> str:
         """Start `job` ahead of the head if that cannot delay it; else say why not.
 
@@ -421,6 +597,9 @@ class _Pass:
         head = reservation.job
         known = job.est_runtime_s is not None
         reclaimable = self.policy.preemption and job.preemptible and job.priority < head.priority
+        las = self.policy.las
+        if not reclaimable and las is not None and las.may_pass(job, head, self.now):
+            reclaimable = True  # LAS is work-conserving: only a starving head holds its place
         if not known and not reclaimable:
             return "no runtime estimate and not preemptible by it, so it may not go ahead"
         for request, shape in sized:
@@ -548,7 +727,7 @@ class _Pass:
             request = requeued(allocation)
             for size in (size for size in allocation.sizes if size > allocation.workers):
                 extra = request.at_size(size - allocation.workers)  # what the queue's quota must hold
-                if not self.quotas.allows(extra):
+                if not self._quota_allows(extra):
                     continue
                 placement = place(request.at_size(size), avail)
                 plan = {**self.decision.resize, request.id: size}
@@ -556,6 +735,8 @@ class _Pass:
                     continue
                 self.decision.resize[request.id] = size
                 self.quotas.charge(extra)
+                if self.cohorts is not None:
+                    self.cohorts.charge(extra)
                 _take(avail, placement, allocation.per_worker)
                 room = avail
                 break
@@ -621,6 +802,11 @@ class FifoPolicy:
             quotas.charge(request)
             decision.admit.append((job.id, placement))
         return decision
+
+
+def _recent_first(allocation: Allocation) -> tuple[float, str]:
+    """Reclaim order: the most recently started borrower first (the least work since it started)."""
+    return (-allocation.started_at, allocation.job_id)
 
 
 def _take(room: dict[str, Resources], placement: Mapping[str, int], per_worker: Mapping[str, float]) -> None:

@@ -108,13 +108,18 @@ def choose_victims(
     allocations: Iterable[Allocation],
     nodes: Iterable[Node],
     free_by_node: Mapping[str, Mapping[str, float]],
+    eligible: Callable[[Allocation], bool] | None = None,
+    rank: Callable[[Allocation], tuple] = victim_rank,
 ) -> list[str] | None:
     """Job ids to stop so that `job` fits, most preferred first; [] if it fits without any.
 
     Allocations already `stopping` are never chosen again, and the resources they hold count
     as released (they are on their way out): a job that will fit once they have stopped gets
     [] and waits for them. None when even stopping every candidate would not make it fit.
+    `eligible` and `rank` replace `can_preempt` and `victim_rank` for other reasons to
+    preempt than priority (LAS within a queue, reclaim of borrowed quota).
     """
+    eligible = eligible or (lambda allocation: can_preempt(job, allocation))
     need = positive(job.per_worker)
     allocations = list(allocations)
     node_ids = [node.id for node in nodes]
@@ -126,20 +131,20 @@ def choose_victims(
     if room.total >= job.workers:
         return []
 
-    candidates = sorted((a for a in allocations if can_preempt(job, a)), key=victim_rank)
+    candidates = sorted((a for a in allocations if eligible(a) and not a.stopping), key=rank)
     releases = {a.job_id: _releases(a, need, avail) for a in candidates}
     candidates = [a for a in candidates if releases[a.job_id]]
     if not candidates or room.total_after([releases[a.job_id] for a in candidates], []) < job.workers:
         return None
 
-    chosen = _drop_unneeded(job, _greedy(job, candidates, releases, room), releases, room)
+    chosen = _drop_unneeded(job, _greedy(job, candidates, releases, room), releases, room, rank)
     taken = {a.job_id for a in chosen}
     pool = [a for a in candidates if a.job_id not in taken]  # in rank order
     # swap a victim for a preferred candidate where the job still fits (same count, better ranks)
     trials = 0
-    for allocation in sorted(chosen, key=victim_rank, reverse=True):
+    for allocation in sorted(chosen, key=rank, reverse=True):
         for candidate in pool:
-            if trials >= SWAP_TRIALS or victim_rank(candidate) >= victim_rank(allocation):
+            if trials >= SWAP_TRIALS or rank(candidate) >= rank(allocation):
                 break
             trials += 1
             add, remove = releases[candidate.job_id], releases[allocation.job_id]
@@ -147,13 +152,11 @@ def choose_victims(
                 room.apply(remove, -1)
                 room.apply(add, +1)
                 chosen = [candidate if a.job_id == allocation.job_id else a for a in chosen]
-                pool = sorted(
-                    [a for a in pool if a.job_id != candidate.job_id] + [allocation], key=victim_rank
-                )
+                pool = sorted([a for a in pool if a.job_id != candidate.job_id] + [allocation], key=rank)
                 break
     # a preferred candidate may free more than the victim it replaced: drop what that spares
-    chosen = _drop_unneeded(job, chosen, releases, room)
-    return [a.job_id for a in sorted(chosen, key=victim_rank)]
+    chosen = _drop_unneeded(job, chosen, releases, room, rank)
+    return [a.job_id for a in sorted(chosen, key=rank)]
 
 
 def _greedy(
@@ -203,7 +206,11 @@ def _greedy(
 
 
 def _drop_unneeded(
-    job: JobRequest, chosen: list[Allocation], releases: dict[str, dict[str, Resources]], room: _Room
+    job: JobRequest,
+    chosen: list[Allocation],
+    releases: dict[str, dict[str, Resources]],
+    room: _Room,
+    rank: Callable[[Allocation], tuple] = victim_rank,
 ) -> list[Allocation]:
     """The victims without those the job does not need after all (least preferred dropped first).
 
@@ -211,7 +218,7 @@ def _drop_unneeded(
     victim found necessary stays necessary.
     """
     dropped = set()
-    for allocation in sorted(chosen, key=victim_rank, reverse=True):
+    for allocation in sorted(chosen, key=rank, reverse=True):
         release = releases[allocation.job_id]
         if room.total_after([], [release]) >= job.workers:
             room.apply(release, -1)

@@ -87,6 +87,12 @@ class QuotaBook:
             self._charge(job.queue, job.total())
             self.reserved_for[job.queue] = job.id
 
+    def add(self, allocation: Allocation, sign: int) -> None:
+        """Count a running job's use in (+1) or out (-1): what-if checks before preempting."""
+        if allocation.queue in self.quotas:
+            total = allocation.total()
+            self._charge(allocation.queue, {name: sign * amount for name, amount in total.items()})
+
     def _charge(self, queue: str, total: Resources) -> None:
         used = self.used[queue]
         for name, amount in total.items():

@@ -2,6 +2,7 @@
 
     <store>/jobs/<job id>.json      a JobRecord, rewritten whole on every change
     <store>/service.json            the lease: which service instance owns the queue
+    <store>/queues.json             the queue configuration applied last (if any)
     <store>/packages/<job id>/      the job's project directory (the Ray Job's working_dir)
 
 Why files and not a database: the store must outlive the head node, and the one place every
@@ -36,6 +37,7 @@ import pyarrow.fs as pafs
 
 from core import storage
 from core.jobs import JobState
+from core.ledger import Ledger
 from core.spec import JobSpec
 
 LEASE_TTL_S = 15.0  # a lease not renewed for this long is free
@@ -75,6 +77,8 @@ class JobRecord:
     unconfirmed_failure: dict[str, Any] | None = None  # a failed attempt's summary, held until
     # the service knows whether one of its nodes died (then it is requeued, not failed)
     steps_lost: int = 0
+    user: str = "unknown"  # the OS user who submitted it (users of a `las` queue share it)
+    attained_s: float = 0.0  # service over its ended attempts (las.service_rate x seconds held)
     step: int = 0  # the newest step the job reported
     total_steps: int | None = None
     step_time_s: float | None = None  # measured, for the remaining-time estimate
@@ -91,6 +95,7 @@ class JobRecord:
     sweep_max_concurrent: int | None = None  # trials of its sweep that may run at once
     summary: dict[str, Any] | None = None  # the driver's final summary
     history: list[dict[str, Any]] = field(default_factory=list)
+    ledger: Ledger | None = None  # where its time went (None: a record from before the ledger)
 
     def log(self, event: str, now: float | None = None, **detail) -> None:
         """One line of the job's history: queued, admitted, preempted at step N, ..."""
@@ -129,6 +134,8 @@ class JobRecord:
         values = {k: v for k, v in data.items() if k in names}  # fields of newer versions
         values["state"] = JobState(values["state"])
         values["spec"] = JobSpec.model_validate(values["spec"])  # written by `to_json`: a load, not a check
+        if values.get("ledger") is not None:
+            values["ledger"] = Ledger.from_dict(values["ledger"])
         return cls(**values)
 
 
@@ -177,6 +184,26 @@ class Store:
 
     def exists(self, job_id: str) -> bool:
         return self.fs.get_file_info(self._job_path(job_id)).type == pafs.FileType.File
+
+    # -- the queue configuration (`orchestrator queues apply`, `up --queues`) ----------------
+
+    def _queues_path(self) -> str:
+        return posixpath.join(self.root, "queues.json")
+
+    def save_queues(self, config: dict | None) -> None:
+        """The applied queue configuration as JSON (a restarted service reloads it); None: none."""
+        path = self._queues_path()
+        if config is not None:
+            self._write_atomic(path, config)
+        elif self.fs.get_file_info(path).type == pafs.FileType.File:
+            self.fs.delete_file(path)
+
+    def load_queues(self) -> dict | None:
+        try:
+            with self.fs.open_input_stream(self._queues_path()) as src:
+                return json.loads(src.read())
+        except FileNotFoundError:
+            return None
 
     # -- the lease ------------------------------------------------------------------------
 

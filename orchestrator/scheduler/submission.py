@@ -12,6 +12,7 @@ from pathlib import Path
 
 from core import run_folder, storage
 from core.jobs import resources_for
+from core.ledger import Ledger
 from core.spec import JobSpec
 from orchestrator.scheduler.runner import write_spec
 from orchestrator.scheduler.store import JobRecord, Store, project_files
@@ -22,7 +23,7 @@ def new_job_id(name: str) -> str:
 
 
 def new_record(spec: JobSpec, job_id: str, options: dict, launched_by: str) -> JobRecord:
-    """The queue's record of a spec validated at submission. Options: priority, sweep fields."""
+    """The queue's record of a spec validated at submission. Options: priority, user, sweep fields."""
     priority = int(options.get("priority", spec.scheduling.priority))
     job = JobRecord(
         id=job_id,
@@ -36,6 +37,7 @@ def new_record(spec: JobSpec, job_id: str, options: dict, launched_by: str) -> J
         per_worker=resources_for(spec),
         submitted_at=time.time(),
         launched_by=launched_by,
+        user=str(options.get("user") or "unknown"),
         sweep=options.get("sweep"),
         sweep_params=options.get("sweep_params") or {},
         sweep_metric=options.get("sweep_metric"),
@@ -43,6 +45,7 @@ def new_record(spec: JobSpec, job_id: str, options: dict, launched_by: str) -> J
         sweep_max_concurrent=options.get("sweep_max_concurrent"),
         total_steps=spec.train.steps,
     )
+    job.ledger = Ledger(job.submitted_at, workers=job.workers, gpus_per_worker=job.per_worker.get("GPU", 0.0))
     job.log("queued", job.submitted_at, priority=priority, by=launched_by)
     return job
 

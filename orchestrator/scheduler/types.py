@@ -44,6 +44,12 @@ class JobRequest:
     `est_runtime_s` is the estimated remaining runtime, when the user gave one.
     `sizes`: an elastic job's allowed worker counts, descending, the first being `workers`
     (its largest size); () for a job that runs at `workers` only.
+
+    Read only by queues configured with order `las` or a cohort (`las.py`, `cohorts.py`):
+    `user`, who submitted it (users of one queue share it by attained service);
+    `attained_s`, the service it received in earlier attempts (GPU-seconds, or worker-seconds
+    for a job without GPUs; the service adds up its finished attempts); `queued_since`, when
+    it last became pending (None: `submitted_at`), from which a starving job is promoted.
     """
 
     id: str
@@ -55,6 +61,9 @@ class JobRequest:
     queue: str = "default"
     est_runtime_s: float | None = None
     sizes: tuple[int, ...] = ()
+    user: str | None = None
+    attained_s: float = 0.0
+    queued_since: float | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -62,6 +71,8 @@ class JobRequest:
         _check_resources(f"job {self.id}", self.per_worker)
         if self.est_runtime_s is not None and not self.est_runtime_s >= 0:
             raise ValueError(f"job {self.id}: est_runtime_s must be >= 0, got {self.est_runtime_s}")
+        if not self.attained_s >= 0:
+            raise ValueError(f"job {self.id}: attained_s must be >= 0, got {self.attained_s}")
         if self.sizes:
             self.sizes = tuple(self.sizes)
             _check_sizes(f"job {self.id}", self.sizes, self.workers)
@@ -99,7 +110,9 @@ class Allocation:
     `stopping` marks a job that was told to stop (a preemption victim, or a job being resized)
     and still holds its resources until it has stopped. `est_end` is when it is expected to
     finish, if known. `sizes`: an elastic job's allowed worker counts, descending (as in
-    `JobRequest`); its current size is `workers`. () for a job of one size.
+    `JobRequest`); its current size is `workers`. () for a job of one size. `user` and
+    `attained_s` as in `JobRequest`: service of the attempts before this one (the policy adds
+    this attempt's part from `started_at`).
     """
 
     job_id: str
@@ -112,6 +125,8 @@ class Allocation:
     est_end: float | None = None
     stopping: bool = False
     sizes: tuple[int, ...] = ()
+    user: str | None = None
+    attained_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.sizes:
@@ -146,6 +161,9 @@ class Decision:
       reservation, and when it is expected to start by the runtime estimates (None: unknown).
     - `notes`: why a pending job did not start, for people (`orchestrator` CLI); only for the
       jobs this pass looked at (those ahead of the head, the head, and the backfill window).
+    - `wake_at`: the earliest time at which a pass could decide otherwise with no new event (a
+      running job's minimum run time ends, a waiting job is promoted); None: only on events.
+      The service passes every second anyway; a simulator schedules a pass then.
     """
 
     admit: list[tuple[str, dict[str, int]]] = field(default_factory=list)
@@ -155,3 +173,4 @@ class Decision:
     notes: dict[str, str] = field(default_factory=dict)
     head: str | None = None
     head_start: float | None = None
+    wake_at: float | None = None

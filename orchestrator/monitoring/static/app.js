@@ -265,6 +265,77 @@
     svg.setAttribute("aria-label", "training loss, steps " + fmtInt(x0) + "–" + fmtInt(x1) + ": " + fmtLoss(losses[losses.length - 1]));
   }
 
+  // --- where a job's time went: its time ledger (core/ledger.py) --------------------------------
+
+  // the ledger's buckets, in its order; every second from submission is in exactly one of them,
+  // so their shares of the wall time are the widths of a stacked bar. Colours: app.css, .b-<bucket>
+  const BUCKETS = {
+    queued: "waiting in the queue, holding nothing",
+    starting: "admitted, until the attempt's first step",
+    training: "training on steps that were kept",
+    evaluating: "evaluations",
+    checkpointing: "training blocked on checkpoint saves",
+    stopping: "from a stop or preemption request, or the last step, until the resources were let go",
+    lost: "training that a rollback threw away, and the restart after it",
+    stalled: "running, but no step for longer than the hang timeout",
+  };
+
+  /** [[bucket, seconds, share of the wall time], ...] in bucket order; null for a job with no
+   * ledger (a record from before the service kept one) */
+  function ledgerParts(ledger) {
+    if (!ledger || !ledger.buckets) return null;
+    const seconds = Object.keys(BUCKETS).map((b) => [b, isNum(ledger.buckets[b]) ? Math.max(0, ledger.buckets[b]) : 0]);
+    const wall = seconds.reduce((sum, [, s]) => sum + s, 0);
+    return seconds.map(([b, s]) => [b, s, wall > 0 ? s / wall : 0]);
+  }
+
+  /** "training 72.4% (2h 55m), queued 1.9% (4m 10s), ..." for the buckets that hold time */
+  function ledgerText(parts) {
+    const held = parts.filter(([, s]) => s > 0);
+    if (!held.length) return "no time yet";
+    return held.map(([b, s, share]) => b + " " + fmtPct(share) + " (" + fmtDuration(s) + ")").join(", ");
+  }
+
+  const ledgerSegments = () => Object.keys(BUCKETS).map((b) => h("span", { class: "seg b-" + b, "data-bucket": b }));
+
+  /** A stacked bar with one segment per bucket, for a queue row (the job view's is in index.html) */
+  function ledgerBar() {
+    return h("div", { class: "ledger small", role: "img" }, ledgerSegments());
+  }
+
+  function drawLedger(bar, ledger) {
+    const parts = ledgerParts(ledger);
+    bar.hidden = !parts;
+    if (!parts) return;
+    parts.forEach(([bucket, seconds, share], i) => {
+      const seg = bar.children[i];
+      seg.hidden = share <= 0;
+      seg.style.width = (share * 100).toFixed(3) + "%";
+      setTitle(seg, bucket + ": " + fmtPct(share) + " · " + fmtDuration(seconds));
+    });
+    const goodput = ledger.goodput && ledger.goodput.time;
+    const text = (isNum(goodput) ? "Goodput " + fmtPct(goodput) + ". " : "") + "Time by bucket: " + ledgerText(parts);
+    if (bar.getAttribute("aria-label") !== text) bar.setAttribute("aria-label", text);
+    setTitle(bar, text);
+  }
+
+  /** The cluster's time goodput beside the state tiles; none from a service without ledgers */
+  function goodputTile(goodput) {
+    if (!goodput) return null;
+    const title =
+      "Cluster goodput: time spent training on kept steps / wall time since submission, over every job, " +
+      "weighted by the accelerators each asks for (= scheduling × runtime goodput; program goodput is MFU)";
+    return h(
+      "div",
+      { class: "tile goodput", id: "goodput-tile", title },
+      h("div", { class: "n" }, fmtPct(goodput.time)),
+      h("div", { class: "label" }, h("span", { class: "swatch b-training" }), "goodput"),
+      h("div", { class: "factors" }, "scheduling " + fmtPct(goodput.scheduling)),
+      h("div", { class: "factors" }, "runtime " + fmtPct(goodput.runtime)),
+      isNum(goodput.program) ? h("div", { class: "factors" }, "program (MFU) " + fmtPct(goodput.program)) : null,
+    );
+  }
+
   /** "2", or an elastic job's size now and its range: "3/2..8" (running), "2..8" (waiting) */
   function workersText(job) {
     if (!job.elastic) return fmtInt(job.workers);
@@ -320,6 +391,7 @@
       return tile;
     });
     replaceChildren($("counts"), tiles);
+    replaceChildren($("goodput"), [goodputTile(info.goodput)]);
 
     const resources = info.resources || {};
     const totals = resources.total || {};
@@ -370,12 +442,13 @@
       restarts: h("td", { class: "num" }),
       preempt: h("span"),
       preemptSub: h("span", { class: "sub" }),
+      ledger: ledgerBar(),
       time: h("span"),
       timeSub: h("span", { class: "sub" }),
       note: h("div", { class: "note" }),
       link: h("a", { class: "ext", target: "_blank", rel: "noopener noreferrer", title: "Open in Ray dashboard" }, "↗"),
     };
-    c.timeCell = h("td", { class: "num" }, c.time, c.timeSub);
+    c.timeCell = h("td", { class: "num time-cell" }, c.time, c.timeSub, c.ledger);
     c.spark = sparkline();
     c.progressCell = h("td", { class: "progress-cell" }, c.bar, c.steps, c.spark);
     const tr = h(
@@ -446,6 +519,7 @@
     setText(c.time, time);
     setText(c.timeSub, timeSub);
     setTitle(c.timeCell, timeTitle);
+    drawLedger(c.ledger, job.ledger);
 
     const note = job.state === "failed" || job.state === "stopped" ? job.reason || job.note : job.note || job.reason;
     setText(c.note, note || "");
@@ -872,9 +946,38 @@
     ];
     replaceChildren($("job-stats"), stats);
 
+    renderLedger(job.ledger);
+
     renderCheckpoints(job);
     renderDetails(job);
     renderHistory(job.history || []);
+  }
+
+  /** The job's time by bucket: a large stacked bar, and a legend with each bucket's seconds */
+  function renderLedger(ledger) {
+    const parts = ledgerParts(ledger);
+    $("job-ledger").hidden = !parts;
+    if (!parts) return;
+    const bar = $("ledger-bar");
+    if (!bar.firstChild) bar.append(...ledgerSegments());
+    drawLedger(bar, ledger);
+    const goodput = ledger.goodput || {};
+    const caption = ["· wall time " + fmtDuration(ledger.wall_s)];
+    if (isNum(ledger.gpu_seconds) && ledger.gpu_seconds > 0) caption.push(fmtCompact(ledger.gpu_seconds / 3600) + " GPU-hours");
+    caption.push("goodput " + fmtPct(goodput.time) + " = scheduling " + fmtPct(goodput.scheduling) + " × runtime " + fmtPct(goodput.runtime));
+    if (isNum(goodput.program)) caption.push("MFU " + fmtPct(goodput.program));
+    setText($("ledger-caption"), caption.join(" · "));
+    const items = parts.map(([bucket, seconds, share]) =>
+      h(
+        "li",
+        { class: seconds > 0 ? null : "none", "data-bucket": bucket, title: BUCKETS[bucket] },
+        h("span", { class: "swatch b-" + bucket }),
+        h("span", { class: "name" }, bucket),
+        h("span", { class: "secs" }, fmtDuration(seconds)),
+        h("span", { class: "share" }, fmtPct(share)),
+      ),
+    );
+    replaceChildren($("ledger-legend"), items);
   }
 
   function renderCheckpoints(job) {

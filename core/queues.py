@@ -1,0 +1,169 @@
+"""The queue configuration: queues, their cohorts, nominal quotas, borrowing limits and order.
+
+One YAML file (`orchestrator queues apply FILE`, or the file `orchestrator up` reads) holds it:
+
+    cohorts: [research]
+    queues:
+      team-a: {cohort: research, nominal: {GPU: 8}, borrowing_limit: {GPU: 8}, order: las}
+      team-b: {cohort: research, nominal: {GPU: 8}, order: las}
+      batch:  {nominal: {GPU: 4}}            # no cohort: a hard cap, as `up --quota batch=GPU:4`
+    las: {thresholds_gpu_s: [3600, 36000], starve_after_s: 14400, starve_factor: 4, min_run_s: 600}
+
+It is validated once, here, like a job spec (unknown keys, bad numbers and unknown cohorts
+are one 'dotted.path: reason' line each, `SpecError`), and then passed on as the typed
+`QueueConfig`: the scheduling policy reads this object and never a dict. What the fields
+mean for scheduling is in docs/scheduler.md ("Queues, LAS and fair share"). No torch, no Ray.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError
+
+from core.spec.errors import SpecError, did_you_mean_in, short, value_kind
+from core.spec.schema import NAME_PATTERN, Section
+from core.spec.yaml_reader import read_yaml
+
+Amount = Annotated[float, Field(ge=0)]
+MAX_QUEUES = 1000
+DEFAULT_THRESHOLDS_GPU_S = (3600.0, 36000.0)  # 1 and 10 GPU-hours: three LAS levels
+
+
+class LasSettings(Section):
+    """Discretized least attained service (Tiresias): levels by attained GPU-seconds."""
+
+    thresholds_gpu_s: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=lambda: list(DEFAULT_THRESHOLDS_GPU_S), max_length=16
+    )
+    starve_after_s: float = Field(4 * 3600.0, gt=0, description="a job waiting this long goes to level 0")
+    starve_factor: float = Field(
+        4.0, ge=0, description="... and at least this many times its run time so far"
+    )
+    min_run_s: float = Field(600.0, ge=0, description="least run time of an attempt before LAS preempts it")
+
+
+class QueueSettings(Section):
+    cohort: str | None = None
+    nominal: dict[str, Amount] = Field(default_factory=dict)
+    borrowing_limit: dict[str, Amount] | None = None  # None: up to the whole cohort's unused quota
+    order: Literal["fifo", "las"] = "fifo"
+
+
+class QueueConfig(Section):
+    cohorts: list[str] = Field(default_factory=list)
+    queues: dict[str, QueueSettings] = Field(default_factory=dict)
+    las: LasSettings = Field(default_factory=LasSettings)
+
+    @classmethod
+    def from_quotas(cls, quotas: dict[str, dict[str, float]] | None) -> QueueConfig:
+        """`orchestrator up --quota q=GPU:4` flags as a config: hard caps, no cohort, FIFO."""
+        return validate_queue_config({"queues": {q: {"nominal": dict(v)} for q, v in (quotas or {}).items()}})
+
+    def las_queues(self) -> set[str]:
+        return {name for name, queue in self.queues.items() if queue.order == "las"}
+
+    def hard_caps(self) -> dict[str, dict[str, float]]:
+        """Nominal quotas of the queues in no cohort: caps that nothing borrows or lends."""
+        return {name: dict(q.nominal) for name, q in self.queues.items() if q.cohort is None and q.nominal}
+
+
+_SECTIONS = {"queues": QueueSettings, "las": LasSettings}
+
+
+def validate_queue_config(raw: Any, source: str = "queue config") -> QueueConfig:
+    """The typed config, or SpecError with one line per problem (nothing is half-applied)."""
+    if not isinstance(raw, dict):
+        raise SpecError([f"expected a mapping with 'queues', got {value_kind(raw)}"], source)
+    try:
+        config = QueueConfig.model_validate(raw)
+    except ValidationError as err:
+        raise SpecError(_problems(err, raw), source) from None
+    problems = _reference_problems(config)
+    if problems:
+        raise SpecError(problems, source)
+    return config
+
+
+def load_queue_config(path: str | Path) -> QueueConfig:
+    """Read and validate a queue config file (bounded YAML reading, as for job specs)."""
+    return validate_queue_config(read_yaml(path), str(path))
+
+
+def _reference_problems(config: QueueConfig) -> list[str]:
+    """The rules that span fields: names, declared cohorts, what a borrowing limit refers to."""
+    problems = []
+    if len(config.queues) > MAX_QUEUES:
+        problems.append(f"queues: {len(config.queues)} queues; at most {MAX_QUEUES}")
+    for name in config.cohorts:
+        if not re.match(NAME_PATTERN, name):
+            problems.append(f"cohorts: {short(name)} is not a valid name ({_NAME_RULE})")
+    declared = set(config.cohorts)
+    for name, queue in config.queues.items():
+        where = f"queues.{name}"
+        if not re.match(NAME_PATTERN, name):
+            problems.append(f"queues: {short(name)} is not a valid queue name ({_NAME_RULE})")
+        for resource in [*queue.nominal, *(queue.borrowing_limit or {})]:
+            if not resource.strip():
+                problems.append(f"{where}: resource names must not be empty")
+        if queue.cohort is not None and queue.cohort not in declared:
+            known = ", ".join(sorted(declared)) or "none declared"
+            problems.append(f"{where}.cohort: unknown cohort {short(queue.cohort)} (cohorts: {known})")
+        if queue.borrowing_limit is not None:
+            if queue.cohort is None:
+                problems.append(f"{where}.borrowing_limit: only a queue in a cohort borrows; set cohort")
+            for resource in queue.borrowing_limit:
+                if resource not in queue.nominal:
+                    problems.append(
+                        f"{where}.borrowing_limit.{resource}: no nominal quota of {resource} to borrow beyond"
+                    )
+        if queue.cohort is not None and not queue.nominal:
+            problems.append(f"{where}.nominal: a queue in a cohort needs a nominal quota (0 is allowed)")
+    thresholds = config.las.thresholds_gpu_s
+    if any(a >= b for a, b in zip(thresholds, thresholds[1:])):
+        problems.append(f"las.thresholds_gpu_s: must be ascending without repeats (got {thresholds})")
+    return problems
+
+
+_NAME_RULE = "lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
+
+
+def _problems(err: ValidationError, raw: dict) -> list[str]:
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = [str(p) for p in e["loc"]]
+        path = ".".join(loc) or "(top level)"
+        kind, ctx = e["type"], e.get("ctx", {})
+        got = e.get("input")
+        if kind == "extra_forbidden":
+            lines.append(f"{path}: unknown field{did_you_mean_in(_model_at(loc[:-1]), loc[-1])}")
+        elif kind == "missing":
+            lines.append(f"{path}: required field is missing")
+        elif kind in ("greater_than_equal", "greater_than"):
+            sign = ">=" if kind == "greater_than_equal" else ">"
+            bound = ctx.get("ge", ctx.get("gt"))
+            lines.append(f"{path}: must be {sign} {bound:g} (got {short(got)})")
+        elif kind == "literal_error":
+            lines.append(f"{path}: {short(got)} is not allowed; expected {ctx.get('expected', '')}")
+        elif kind in ("float_parsing", "float_type", "int_parsing", "int_type"):
+            lines.append(f"{path}: must be a number (got {value_kind(got)})")
+        elif kind == "finite_number":
+            lines.append(f"{path}: must be a finite number (got {short(got)})")
+        elif kind in ("dict_type", "model_type", "model_attributes_type"):
+            lines.append(f"{path}: expected a mapping, got {value_kind(got)}")
+        elif kind == "list_type":
+            lines.append(f"{path}: expected a list, got {value_kind(got)}")
+        else:
+            lines.append(f"{path}: {e['msg']} (got {value_kind(got)})")
+    return list(dict.fromkeys(lines))
+
+
+def _model_at(loc: list[str]) -> Any:
+    """The section class at `loc` (for "did you mean"): top level, a queue, or `las`."""
+    if not loc:
+        return QueueConfig
+    if loc[0] == "queues" and len(loc) == 2:
+        return QueueSettings
+    return _SECTIONS.get(loc[0], QueueConfig)

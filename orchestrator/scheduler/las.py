@@ -1,0 +1,226 @@
+"""Discretized least attained service (Tiresias' 2D-LAS) for queues with order `las`.
+
+Without runtimes, the best guess of which job ends first is the one that has run least:
+DL training times are heavy-tailed, so a job that has received little service is likely
+short. A job's attained service is its GPU-seconds (worker-seconds for a job without GPUs)
+over all its attempts: `attained_s` (the finished attempts, carried by the service) plus the
+current attempt's part, computed here from `started_at` and `now`. Thresholds cut it into a
+few levels; level 0 goes first. Discretizing (instead of ordering by the exact service) keeps
+two jobs of one level from preempting each other back and forth: within a level, order is
+FIFO by first submission, and only a job of a strictly lower level preempts.
+
+Rules, all within one priority level (strict priority between levels stays):
+
+- Order: level, then (for jobs with a `user`) the user's total attained service in that
+  queue, so users share it by service, then first submission, then id. Jobs of `fifo`
+  queues count as level 0 with no user share.
+- Demotion: a job's level follows its service, so it drops a level as it accumulates it.
+- Promotion: a pending job that has waited since it last became pending for
+  `starve_after_s`, and for `starve_factor` times the time it has run so far (Tiresias'
+  STARVE_LIMIT: a job that has run long waits longer, which bounds the preemptions that
+  promotions cause), is at level 0 again, ahead of later submissions there: nothing starves.
+- Preemption: a head of a `las` queue may preempt running jobs of its own queue and
+  priority whose level is strictly higher than its own and whose current attempt has run at
+  least `min_run_s` (bounding each job to one preemption per `min_run_s` of running, so the
+  stop-and-restart overhead stays bounded). A queue's `las` order is its jobs' consent to
+  this: they need not be `preemptible`, which governs preemption by higher priorities only.
+  Across queues, sharing is the business of cohorts (`cohorts.py`), not of LAS.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping
+
+from core.queues import LasSettings
+from orchestrator.scheduler.types import Allocation, JobRequest
+
+
+def service_rate(per_worker: Mapping[str, float], workers: int) -> float:
+    """Service per second of running: GPUs held, or workers for a job without GPUs."""
+    gpus = per_worker.get("GPU", 0.0) * workers
+    return gpus if gpus > 0 else float(workers)
+
+
+def attained(allocation: Allocation, now: float) -> float:
+    """Service over all attempts of a running job, this one included."""
+    return _served(allocation, now)[0]
+
+
+def _served(allocation: Allocation, now: float) -> tuple[float, float]:
+    workers = sum(allocation.placement.values())
+    rate = allocation.per_worker.get("GPU", 0.0) * workers or float(workers)  # as `service_rate`
+    return allocation.attained_s + max(0.0, now - allocation.started_at) * rate, rate
+
+
+Served = Mapping[str, tuple[float, float]]  # job id -> (attained service, service per second)
+
+
+class Las:
+    """LAS levels, order, victims and wake-up times for the `las` queues of one config."""
+
+    def __init__(self, settings: LasSettings, queues: Iterable[str]) -> None:
+        self.thresholds = list(settings.thresholds_gpu_s)
+        self.starve_after_s = settings.starve_after_s
+        self.starve_factor = settings.starve_factor
+        self.min_run_s = settings.min_run_s
+        self.queues = set(queues)
+
+    def level(self, service: float) -> int:
+        return bisect_right(self.thresholds, service)
+
+    def served(self, running: Iterable[Allocation], now: float) -> dict[str, tuple[float, float]]:
+        """The service of every running job of a `las` queue, computed once per pass."""
+        return {a.job_id: _served(a, now) for a in running if a.queue in self.queues}
+
+    def _service(self, allocation: Allocation, now: float, served: Served) -> tuple[float, float]:
+        found = served.get(allocation.job_id)
+        return found if found is not None else _served(allocation, now)
+
+    def promoted_at(self, job: JobRequest) -> float:
+        """When a waiting job is promoted to level 0 (see the module docstring)."""
+        since = job.submitted_at if job.queued_since is None else job.queued_since
+        if not job.attained_s:
+            return since + self.starve_after_s
+        run_s = job.attained_s / (job.per_worker.get("GPU", 0.0) * job.workers or job.workers)
+        return since + max(self.starve_after_s, self.starve_factor * run_s)
+
+    def promoted(self, job: JobRequest, now: float) -> bool:
+        return now >= self.promoted_at(job)
+
+    def pending_level(self, job: JobRequest, now: float) -> int:
+        if job.queue not in self.queues or self.promoted(job, now):
+            return 0
+        return self.level(job.attained_s)
+
+    def pending_levels(self, pending: Iterable[JobRequest], now: float) -> dict[str, int]:
+        """`pending_level` of every job of a pass, once (the hot path: inlined, same result)."""
+        queues, thresholds, starve_before = self.queues, self.thresholds, now - self.starve_after_s
+        levels = {}
+        for job in pending:
+            if job.queue not in queues:
+                levels[job.id] = 0
+                continue
+            since = job.submitted_at if job.queued_since is None else job.queued_since
+            if since > starve_before or now < self.promoted_at(job):
+                levels[job.id] = bisect_right(thresholds, job.attained_s)
+            else:
+                levels[job.id] = 0
+        return levels
+
+    def order(
+        self,
+        pending: Iterable[JobRequest],
+        running: Iterable[Allocation],
+        now: float,
+        first: set[str] = frozenset(),
+        served: Served | None = None,
+        levels: Mapping[str, int] | None = None,
+    ) -> list[JobRequest]:
+        """Pending jobs in queue order with LAS levels and user shares inside each priority;
+        jobs of the `first` queues (cohort queues below their nominal quota) lead each priority."""
+        pending = list(pending)
+        users: dict[tuple[str, str], float] = {}
+        for job in pending:
+            if job.user is not None and job.queue in self.queues:
+                key = (job.queue, job.user)
+                users[key] = users.get(key, 0.0) + job.attained_s
+        served = self.served(running, now) if served is None else served
+        for allocation in running:
+            if allocation.user is not None and allocation.queue in self.queues:
+                key = (allocation.queue, allocation.user)
+                users[key] = users.get(key, 0.0) + self._service(allocation, now, served)[0]
+
+        levels = self.pending_levels(pending, now) if levels is None else levels
+
+        def key(job: JobRequest) -> tuple:
+            share = users.get((job.queue, job.user), 0.0) if job.user is not None else 0.0
+            lead = job.queue not in first
+            return (-job.priority, lead, levels[job.id], share, job.submitted_at, job.id)
+
+        return sorted(pending, key=key)
+
+    def may_pass(self, job: JobRequest, head: JobRequest, now: float) -> bool:
+        """Whether `job` may start ahead of the waiting `head` in resources not promised to it.
+
+        Yes within the `las` queues of one priority, unless the head is starving (promoted):
+        LAS is work-conserving, as Tiresias is; a head that has waited `starve_after_s` holds
+        its reservation, so nothing passes it any more and it starts as running jobs end.
+        """
+        return (
+            job.queue in self.queues
+            and head.queue in self.queues
+            and job.priority == head.priority
+            and not self.promoted(head, now)
+        )
+
+    def eligible(self, head: JobRequest, now: float, served: Served | None = None):
+        """The running jobs that `head` may preempt by LAS (see the module docstring).
+        `served`: `self.served(running, now)` if the caller has it (it saves work)."""
+        served = served or {}
+        if head.queue not in self.queues:
+            return None
+        head_level = self.pending_level(head, now)
+
+        def may_preempt(allocation: Allocation) -> bool:
+            return (
+                allocation.queue == head.queue
+                and allocation.priority == head.priority
+                and not allocation.stopping
+                and now - allocation.started_at >= self.min_run_s
+                and self.level(self._service(allocation, now, served)[0]) > head_level
+            )
+
+        return may_preempt
+
+    def rank(self, now: float, served: Served | None = None):
+        """Victim order: the highest level first, then the most recently started."""
+        served = served or {}
+
+        def victim_rank(allocation: Allocation) -> tuple[int, float, str]:
+            level = self.level(self._service(allocation, now, served)[0])
+            return (-level, -allocation.started_at, allocation.job_id)
+
+        return victim_rank
+
+    def wake_at(
+        self,
+        waiting: Iterable[JobRequest],
+        running: Iterable[Allocation],
+        now: float,
+        served: Served | None = None,
+        levels: Mapping[str, int] | None = None,
+    ) -> float | None:
+        """When a pass could decide otherwise with no event; None if nothing can change.
+
+        A waiting job is promoted; or a running job of a queue and priority with jobs waiting
+        at a lower level becomes a possible victim: its minimum run time ends, or it passes the
+        threshold above the lowest waiting level. (Nothing else changes a LAS decision, so the
+        service, or a simulator, need not pass more often than that.)
+        """
+        served = served or {}
+        times, lowest = [], {}  # (queue, priority) -> the lowest level among its waiting jobs
+        waiting = list(waiting)
+        levels = self.pending_levels(waiting, now) if levels is None else levels
+        for job in waiting:
+            if job.queue not in self.queues:
+                continue
+            level = levels[job.id]
+            if level:  # not promoted (yet)
+                times.append(self.promoted_at(job))
+            key = (job.queue, job.priority)
+            if level < lowest.get(key, len(self.thresholds) + 1):
+                lowest[key] = level
+        for allocation in running:
+            floor = lowest.get((allocation.queue, allocation.priority))
+            if floor is None or allocation.stopping:
+                continue
+            service, rate = self._service(allocation, now, served)
+            eligible_at = allocation.started_at + self.min_run_s
+            if self.level(service) <= floor:  # it becomes a victim once it passes the next threshold
+                if floor >= len(self.thresholds):
+                    continue
+                eligible_at = max(eligible_at, now + (self.thresholds[floor] - service) / rate)
+            times.append(eligible_at)
+        later = [t for t in times if t > now + 1e-6]
+        return min(later, default=None)

@@ -1,0 +1,116 @@
+"""Hangs and stragglers on the service's real 3-node Ray cluster (docs/monitoring.md), with
+faults injected through the tests' hook (workers/faults.py)."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from core.metrics_log import read_metrics
+
+HANG_TIMEOUT_S = 10
+
+
+def fault(service, name: str, text: str) -> None:
+    (service.faults / name).write_text(text + "\n")
+
+
+def rank_pid(service, job_id: str, rank: int, timeout=90) -> int:
+    """The pid of `rank`, as the driver names its workers in its log."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = re.search(rf"workers: .*rank {rank} pid (\d+)", service.cli("logs", job_id).stdout)
+        if found:
+            return int(found.group(1))
+        time.sleep(1)
+    raise AssertionError(f"{job_id}: the driver never named rank {rank}")
+
+
+def node_of(service, pid: int) -> str:
+    """The id of the node whose worker process is `pid`, from Ray's own state API."""
+    code = (
+        "import sys, ray.util.state as s; "
+        f"w = s.list_workers(address={service.head.dashboard!r}, filters=[('pid', '=', {pid})]); "
+        "print(w[0].node_id)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **service.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()[-1]
+
+
+def straggler_ratio(scrape: str, job_id: str, rank: int) -> tuple[str, float] | None:
+    """(node, ratio) of `rank` in orchestrator_straggler_ratio, from a /metrics scrape."""
+    for line in scrape.splitlines():
+        found = re.match(r"orchestrator_straggler_ratio\{(.*)\} (\S+)$", line)
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1))) if found else {}
+        if labels.get("job") == job_id and labels.get("rank") == str(rank):
+            return labels["node"], float(found.group(2))
+    return None
+
+
+@pytest.mark.timeout(600)
+def test_a_hung_job_has_its_stacks_saved_and_restarts_from_its_checkpoint(service):
+    name = "hang-job"
+    fault(service, name, "hang_at_step=58")  # the first worker group blocks in its data source
+    job_id = service.submit(
+        "checkpoint.every_steps=25",
+        "fault_tolerance.max_failures=1",
+        f"fault_tolerance.hang_timeout_s={HANG_TIMEOUT_S}",
+        name=name,
+        steps=100,
+    )
+    job = service.done(job_id, timeout=400)
+    [hung] = [e for e in job["history"] if e["event"] == "hung"]
+    # the newest step the service saw: the checkpoint at 50 sends the records before it, the
+    # records of later logged steps go every 2 s (one may have gone before the hang)
+    assert hung["step"] in (50, 55) and hung["timeout_s"] == HANG_TIMEOUT_S, hung
+    # each rank's stack, beside the run's checkpoints and metrics, shows the blocking call
+    folder = service.runs / name / "hangs" / f"attempt-{job['attempt']}-step-{hung['step']}"
+    assert hung["stacks"] == str(folder)
+    for rank in (0, 1):
+        text = (folder / f"rank-{rank}.txt").read_text()
+        assert "_wait_for_data_that_never_comes" in text, text
+        assert "_wait_for_data_that_never_comes" in hung["ranks"][str(rank)]
+    # restarted by Ray Train from the checkpoint at step 50 (a failure, of max_failures: 1)
+    assert job["summary"]["restarts"] == 1 and job["attempt"] == 1
+    logged = [r for r in read_metrics(str(service.runs / name)) if "loss" in r]
+    assert [r["step"] for r in logged] == list(range(5, 101, 5))  # each step once, after the rewind
+    stalled_from = max(r["time"] for r in logged if r["time"] < hung["time"])
+    resumed_at = min(r["time"] for r in logged if r["time"] > hung["time"])
+    assert resumed_at - stalled_from <= HANG_TIMEOUT_S + 30, (stalled_from, hung, resumed_at)
+    status = service.cli("status", job_id).stdout
+    assert re.search(r"rank 0 was in _wait_for_data_that_never_comes \(.*workers/faults.py:\d+\)", status)
+    assert "rank 1 was in _wait_for_data_that_never_comes" in status
+
+
+@pytest.mark.timeout(600)
+def test_a_slow_rank_is_flagged_with_its_rank_and_node(service):
+    name = "slow-rank"
+    fault(service, name, "slow_rank=1:0.05")  # rank 1 sleeps 50 ms in each forward pass
+    job_id = service.submit(name=name, steps=1000)
+    service.wait(job_id, lambda j: j["state"] == "running", what="running")
+    deadline, status, metric = time.time() + 180, "", None
+    while time.time() < deadline and not (metric and "WARNING:    straggler: rank 1" in status):
+        status = service.cli("status", job_id).stdout
+        scrape = urllib.request.urlopen(f"{service.page.rstrip('/')}/metrics", timeout=10).read().decode()
+        metric = straggler_ratio(scrape, job_id, rank=1)
+        assert service.job(job_id)["state"] in ("admitted", "running"), (status, metric)
+        time.sleep(1)
+    assert metric and "WARNING:    straggler: rank 1" in status, (status, metric)
+    node_label, ratio = metric
+    assert ratio > 1.2 and "straggler: rank 0" not in status
+    node = node_of(service, rank_pid(service, job_id, 1))  # where Ray says rank 1 ran
+    assert node_label == node and f"(node {node}" in status
+    job = service.done(job_id, timeout=300)  # on_straggler: warn
+    [flagged] = [e for e in job["history"] if e["event"] == "straggler"]
+    assert flagged["rank"] == 1 and flagged["node"] == node and flagged["ratio"] > 1.2

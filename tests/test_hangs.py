@@ -1,0 +1,91 @@
+"""Hang detection's rule (orchestrator/scheduler/hangs.py), without Ray."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.scheduler import hangs
+from orchestrator.scheduler.hangs import StepClock
+
+
+def train(step: int, t: float) -> dict:
+    return {"step": step, "loss": 1.0, "time": t}
+
+
+def running_clock(step=100, now=0.0) -> StepClock:
+    clock = StepClock()
+    clock.observe(90, group=0, now=now - 10, start=0)
+    clock.observe(step, group=0, now=now, start=0)
+    return clock
+
+
+def test_the_automatic_timeout_is_ten_p95_intervals_with_a_floor():
+    assert hangs.timeout_s(None, None) == hangs.FLOOR_S
+    assert hangs.timeout_s(None, 1.0) == hangs.FLOOR_S
+    assert hangs.timeout_s(None, 30.0) == 300.0
+    assert hangs.timeout_s(15.0, 30.0) == 15.0  # the spec's setting wins
+
+
+@settings(deadline=None)  # a busy 2-core machine
+@given(st.lists(st.floats(0.0, 1e6), min_size=1, max_size=200))
+def test_p95_is_a_value_with_95_percent_at_or_below_it(values):
+    p = hangs.p95(values)
+    assert p in values
+    assert sum(v <= p for v in values) >= 0.95 * len(values)
+
+
+def test_intervals_come_from_the_records_of_logged_steps():
+    clock = StepClock()
+    clock.add_records([train(10, 100.0), {"step": 10, "eval_loss": 1.0}, train(20, 102.0), train(30, 105.0)])
+    assert list(clock.intervals) == [2.0, 3.0]
+    assert clock.p95_interval_s() == 3.0
+
+
+def test_no_progress_beyond_the_timeout_is_a_hang_and_progress_resets_it():
+    clock = running_clock(now=0.0)
+    assert not clock.hung(9.0, timeout=10.0, log_every=5)
+    assert clock.hung(11.0, timeout=10.0, log_every=5)
+    clock.observe(105, group=0, now=11.0)
+    assert not clock.hung(20.0, timeout=10.0, log_every=5)
+
+
+def test_a_stall_is_reported_once():
+    clock = running_clock(now=0.0)
+    assert clock.hung(11.0, timeout=10.0, log_every=5)
+    clock.fired = True
+    assert not clock.hung(50.0, timeout=10.0, log_every=5)
+
+
+def test_a_new_worker_group_is_not_judged_until_it_steps_past_its_start():
+    clock = running_clock(now=0.0)
+    clock.observe(100, group=1, now=5.0, start=None)  # restarting: the old group's step
+    assert not clock.hung(500.0, timeout=10.0, log_every=5)
+    clock.observe(50, group=1, now=500.0, start=50)  # resumed from the checkpoint at step 50
+    assert not clock.hung(1000.0, timeout=10.0, log_every=5)  # loading, compiling
+    clock.observe(55, group=1, now=1000.0, start=50)
+    assert clock.hung(1011.0, timeout=10.0, log_every=5)
+
+
+def test_the_first_step_seen_may_already_be_past_the_start():
+    clock = StepClock()
+    clock.observe(20, group=0, now=0.0, start=0)  # the reports missed the steps before
+    assert clock.hung(11.0, timeout=10.0, log_every=5)
+
+
+def test_a_checkpoint_or_evaluation_before_the_next_logged_step_doubles_the_allowance():
+    clock = running_clock(step=100, now=0.0)
+    assert clock.hung(15.0, timeout=10.0, log_every=5, every=(200, None))
+    assert not clock.hung(15.0, timeout=10.0, log_every=5, every=(105, None))  # saves at 105
+    assert not clock.hung(15.0, timeout=10.0, log_every=5, every=(None, 104))  # evaluates at 104
+    assert clock.hung(21.0, timeout=10.0, log_every=5, every=(105, None))
+
+
+def test_the_last_step_is_never_a_hang():
+    clock = running_clock(step=100, now=0.0)
+    assert not clock.hung(1e6, timeout=10.0, log_every=5, total_steps=100)
+
+
+@settings(deadline=None)  # a busy 2-core machine
+@given(st.integers(0, 10**6), st.integers(1, 1000), st.integers(1, 10**4))
+def test_may_be_busy_exactly_when_a_multiple_lies_in_the_next_interval(step, log_every, every):
+    expected = any((step + k) % every == 0 for k in range(1, log_every + 1))
+    assert hangs.may_be_busy(step, log_every, (every,), None) == expected

@@ -1,0 +1,167 @@
+"""Fair share between queues (orchestrator/scheduler/cohorts.py) and the queue config file
+(core/queues.py): borrowing up to the limit, reclaim, and one-line validation errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.queues import QueueConfig, load_queue_config, validate_queue_config
+from core.spec.errors import SpecError
+from orchestrator.scheduler import Allocation, JobRequest, Node, Policy
+from orchestrator.scheduler.cohorts import CohortBook
+
+
+def config(limit=None, order="fifo") -> QueueConfig:
+    a = {"cohort": "research", "nominal": {"GPU": 4}, "order": order}
+    if limit is not None:
+        a["borrowing_limit"] = {"GPU": limit}
+    b = {"cohort": "research", "nominal": {"GPU": 4}, "order": order}
+    return validate_queue_config({"cohorts": ["research"], "queues": {"team-a": a, "team-b": b}})
+
+
+CLUSTER = [Node("n0", {"GPU": 8.0})]
+
+
+def job(name, queue, gpus=1, submitted=0.0, preemptible=True):
+    return JobRequest(name, 0, 1, {"GPU": float(gpus)}, submitted, preemptible, queue)
+
+
+def running(name, queue, gpus=1, started=0.0):
+    return Allocation(name, 0, {"n0": 1}, {"GPU": float(gpus)}, started, True, queue)
+
+
+def admitted(decision) -> list[str]:
+    return [job_id for job_id, _ in decision.admit]
+
+
+def test_idle_quota_is_borrowed_in_full_without_a_limit():
+    pending = [job(f"a{i}", "team-a", submitted=i) for i in range(10)]
+    decision = Policy(CLUSTER, queues=config()).schedule(10.0, pending, [])
+    assert admitted(decision) == [f"a{i}" for i in range(8)]
+
+
+def test_borrowing_stops_at_the_limit():
+    pending = [job(f"a{i}", "team-a", submitted=i) for i in range(10)]
+    decision = Policy(CLUSTER, queues=config(limit=2)).schedule(10.0, pending, [])
+    assert admitted(decision) == [f"a{i}" for i in range(6)]
+    assert "borrowing limit" in decision.notes["a6"]
+
+
+def test_a_job_that_cannot_be_preempted_does_not_borrow():
+    pending = [job(f"a{i}", "team-a", submitted=i, preemptible=i < 4) for i in range(6)]
+    decision = Policy(CLUSTER, queues=config()).schedule(10.0, pending, [])
+    assert admitted(decision) == ["a0", "a1", "a2", "a3"]
+    assert "not preemptible" in decision.notes["a4"]
+
+
+def test_reclaim_preempts_borrowers_most_recent_first_down_to_their_nominal_quota():
+    held = [running(f"a{i}", "team-a", started=float(i)) for i in range(8)]  # team-a borrows 4
+    decision = Policy(CLUSTER, queues=config()).schedule(100.0, [job("b0", "team-b", gpus=3)], held)
+    assert decision.preempt == ["a7", "a6", "a5"] and decision.reserved_for == "b0"
+    assert "borrowing" in decision.notes["b0"]
+    # never below the borrower's own nominal quota: team-b cannot take 5 of team-a's 8
+    held_b = [running("b-run", "team-b")] + held[:7]
+    big = Policy(CLUSTER, queues=config()).schedule(100.0, [job("b1", "team-b", gpus=4)], held_b)
+    assert big.preempt == []
+
+
+def test_borrowing_pauses_while_a_lender_waits():
+    held = [running(f"a{i}", "team-a", started=float(i)) for i in range(6)] + [running("b0", "team-b")]
+    pending = [job("a-next", "team-a", submitted=1.0), job("b-big", "team-b", gpus=2, submitted=2.0)]
+    decision = Policy(CLUSTER, queues=config()).schedule(100.0, pending, held)
+    # one GPU is free, but it is kept for team-b (below its nominal quota), which reclaims one more
+    assert "a-next" not in admitted(decision)
+    assert decision.preempt == ["a5"] and decision.reserved_for == "b-big"
+
+
+def test_rejection_names_what_a_queue_may_ever_use():
+    policy = Policy([Node("n0", {"GPU": 8.0}), Node("n1", {"GPU": 8.0})], queues=config(limit=2))
+    reason = policy.rejection_reason(JobRequest("x", 0, 1, {"GPU": 7.0}, 0.0, True, "team-a"))
+    assert reason == "job x needs 7 GPU but queue 'team-a' may use at most 6"
+    not_preemptible = JobRequest("y", 0, 1, {"GPU": 5.0}, 0.0, False, "team-b")
+    assert "not preemptible" in policy.rejection_reason(not_preemptible)
+
+
+def test_report_shows_use_nominal_borrowed_and_lent():
+    held = [running(f"a{i}", "team-a") for i in range(6)] + [running("b0", "team-b")]
+    report = CohortBook(config(), held).report()
+    assert report["team-a"] == {
+        "cohort": "research",
+        "used": {"GPU": 6.0},
+        "nominal": {"GPU": 4.0},
+        "borrowed": {"GPU": 2.0},
+        "lent": {"GPU": 0.0},
+    }
+    assert report["team-b"]["lent"] == {"GPU": 2.0} and report["team-b"]["borrowed"] == {"GPU": 0.0}
+
+
+def test_a_queue_without_cohort_is_a_hard_cap_like_quotas():
+    capped = validate_queue_config({"queues": {"batch": {"nominal": {"GPU": 2}}}})
+    pending = [job(f"j{i}", "batch", submitted=i) for i in range(4)]
+    by_config = Policy(CLUSTER, queues=capped).schedule(5.0, pending, [])
+    by_flag = Policy(CLUSTER, quotas={"batch": {"GPU": 2}}).schedule(5.0, pending, [])
+    assert admitted(by_config) == admitted(by_flag) == ["j0", "j1"]
+    assert QueueConfig.from_quotas({"batch": {"GPU": 2}}).hard_caps() == {"batch": {"GPU": 2.0}}
+    with pytest.raises(ValueError, match="both a quota and a queue config"):
+        Policy(CLUSTER, quotas={"batch": {"GPU": 1}}, queues=capped)
+
+
+@pytest.mark.parametrize(
+    ("raw", "line"),
+    [
+        (
+            {"queues": {"team-a": {"nominal": {"GPU": -1}}}},
+            "queues.team-a.nominal.GPU: must be >= 0 (got -1)",
+        ),
+        ({"queues": {"team-a": {"nominal": {"GPU": "lots"}}}}, "queues.team-a.nominal.GPU: must be a number"),
+        (
+            {"queues": {"team-a": {"nomnal": {}}}},
+            "queues.team-a.nomnal: unknown field; did you mean 'nominal'?",
+        ),
+        ({"queus": {}}, "queus: unknown field; did you mean 'queues'?"),
+        (
+            {"queues": {"q": {"order": "lifo"}}},
+            "queues.q.order: 'lifo' is not allowed; expected 'fifo' or 'las'",
+        ),
+        (
+            {"cohorts": ["research"], "queues": {"q": {"cohort": "reserch", "nominal": {"GPU": 1}}}},
+            "queues.q.cohort: unknown cohort 'reserch' (cohorts: research)",
+        ),
+        (
+            {"queues": {"q": {"nominal": {"GPU": 1}, "borrowing_limit": {"GPU": 1}}}},
+            "queues.q.borrowing_limit: only",
+        ),
+        ({"queues": {"Team A": {}}}, "queues: 'Team A' is not a valid queue name"),
+        ({"las": {"thresholds_gpu_s": [10, 5]}}, "las.thresholds_gpu_s: must be ascending"),
+        ({"las": {"min_run_s": -1}}, "las.min_run_s: must be >= 0 (got -1)"),
+        (
+            {"queues": {"q": {"nominal": {"GPU": float("nan")}}}},
+            "queues.q.nominal.GPU: must be a finite number",
+        ),
+        ([1, 2], "expected a mapping with 'queues', got a list"),
+    ],
+)
+def test_config_errors_are_one_line_naming_the_field(raw, line):
+    with pytest.raises(SpecError) as err:
+        validate_queue_config(raw)
+    assert any(problem.startswith(line) for problem in err.value.problems), err.value.problems
+    assert all("\n" not in problem for problem in err.value.problems)
+
+
+def test_load_queue_config_reads_a_file(tmp_path):
+    good = tmp_path / "queues.yaml"
+    good.write_text(
+        "cohorts: [research]\nqueues:\n"
+        "  team-a: {cohort: research, nominal: {GPU: 8}, borrowing_limit: {GPU: 8}, order: las}\n"
+        "  team-b: {cohort: research, nominal: {GPU: 8}, order: las}\n"
+    )
+    loaded = load_queue_config(good)
+    assert loaded.las_queues() == {"team-a", "team-b"} and loaded.queues["team-a"].borrowing_limit == {
+        "GPU": 8
+    }
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queues:\n  team-a: {nominal: {GPU: 8}, cohort: nowhere}\n")
+    with pytest.raises(SpecError, match=r"bad.yaml: queues.team-a.cohort: unknown cohort 'nowhere'"):
+        load_queue_config(bad)
+    with pytest.raises(SpecError, match="no such file"):
+        load_queue_config(tmp_path / "missing.yaml")

@@ -1,0 +1,142 @@
+"""Least attained service (orchestrator/scheduler/las.py) through `Policy(queues=...)`: order,
+demotion, promotion of starving jobs, minimum run time, and the default left unchanged."""
+
+from __future__ import annotations
+
+import random
+
+from core.queues import validate_queue_config
+from orchestrator.scheduler import Allocation, JobRequest, Node, Policy
+from orchestrator.scheduler.las import Las, attained
+
+HOUR = 3600.0
+CONFIG = validate_queue_config(
+    {
+        "queues": {"lq": {"order": "las"}, "fq": {"order": "fifo"}},
+        "las": {"thresholds_gpu_s": [HOUR, 10 * HOUR], "starve_after_s": 4 * HOUR, "min_run_s": 600},
+    }
+)
+
+
+def nodes(count: int = 1, gpus: float = 4.0) -> list[Node]:
+    return [Node(f"n{i}", {"GPU": gpus}) for i in range(count)]
+
+
+def job(name, gpus=1, submitted=0.0, attained=0.0, queue="lq", priority=0, queued_since=None, user=None):
+    return JobRequest(
+        name, priority, 1, {"GPU": float(gpus)}, submitted, False, queue,
+        user=user, attained_s=attained, queued_since=queued_since,
+    )  # fmt: skip
+
+
+def running(name, gpus=1, started=0.0, attained=0.0, queue="lq", node="n0", priority=0, user=None):
+    return Allocation(
+        name, priority, {node: 1}, {"GPU": float(gpus)}, started, False, queue, user=user, attained_s=attained
+    )
+
+
+def test_less_served_jobs_go_first_within_a_priority_level():
+    las = Las(CONFIG.las, CONFIG.las_queues())
+    old_heavy = job("heavy", submitted=0.0, attained=2 * HOUR)  # level 1
+    new_light = job("light", submitted=100.0)  # level 0
+    high = job("high", submitted=200.0, attained=20 * HOUR, priority=1)  # strict priority stays
+    fifo_job = job("fifo", submitted=50.0, attained=20 * HOUR, queue="fq")  # a fifo queue: level 0
+    order = [j.id for j in las.order([old_heavy, new_light, high, fifo_job], [], now=300.0)]
+    assert order == ["high", "fifo", "light", "heavy"]
+
+
+def test_order_is_by_level_then_submission_property():
+    rng = random.Random(7)
+    las = Las(CONFIG.las, CONFIG.las_queues())
+    for _ in range(200):
+        jobs = [
+            job(f"j{i}", submitted=rng.uniform(0, 1000), attained=rng.choice([0, 2 * HOUR, 20 * HOUR]),
+                priority=rng.randint(0, 2))
+            for i in range(rng.randint(1, 12))
+        ]  # fmt: skip
+        keys = [
+            (-j.priority, las.pending_level(j, 1000.0), j.submitted_at) for j in las.order(jobs, [], 1000.0)
+        ]
+        assert keys == sorted(keys)
+
+
+def test_users_share_a_queue_by_attained_service():
+    las = Las(CONFIG.las, CONFIG.las_queues())
+    busy_user = running("r", attained=0.0, started=0.0, user="ann")  # ann has had 1000 GPU-s so far
+    jobs = [job("ann-2", submitted=10.0, user="ann"), job("bob-1", submitted=20.0, user="bob")]
+    assert [j.id for j in las.order(jobs, [busy_user], now=1000.0)] == ["bob-1", "ann-2"]
+
+
+def test_attained_service_adds_the_current_attempt():
+    allocation = running("r", gpus=2, started=100.0, attained=500.0)
+    assert attained(allocation, 400.0) == 500.0 + 300.0 * 2
+
+
+def test_a_demoted_job_is_preempted_by_a_new_one_after_its_minimum_run_time():
+    policy = Policy(nodes(1, 1.0), queues=CONFIG)
+    # "long" started at t=0 with no earlier service: it passes 1 GPU-hour (level 1) at t=3600
+    long_job = running("long", started=0.0)
+    fresh = job("fresh", submitted=3000.0)
+    before = policy.schedule(3000.0, [fresh], [long_job])
+    assert before.preempt == [] and before.admit == []
+    assert before.wake_at == HOUR  # the pass to come when "long" drops a level
+    after = policy.schedule(HOUR + 1, [fresh], [long_job])
+    assert after.preempt == ["long"] and after.reserved_for == "fresh"
+    assert "LAS" in after.notes["fresh"]
+
+
+def test_minimum_run_time_between_preemptions():
+    policy = Policy(nodes(1, 1.0), queues=CONFIG)
+    # demoted by earlier attempts, restarted 300 s ago: not stopped again before 600 s of running
+    restarted = running("restarted", started=1000.0, attained=2 * HOUR)
+    fresh = job("fresh", submitted=1200.0)
+    decision = policy.schedule(1300.0, [fresh], [restarted])
+    assert decision.preempt == []
+    assert decision.wake_at == 1600.0
+    assert policy.schedule(1600.0, [fresh], [restarted]).preempt == ["restarted"]
+
+
+def test_las_never_preempts_other_queues_priorities_or_equal_levels():
+    policy = Policy(nodes(1, 3.0), queues=CONFIG)
+    held = [
+        running("other-queue", started=0.0, attained=20 * HOUR, queue="fq"),
+        running("higher", started=0.0, attained=20 * HOUR, priority=1),
+        running("same-level", started=0.0),  # 1000 GPU-s: level 0, like the head
+    ]
+    decision = policy.schedule(1000.0, [job("fresh", submitted=900.0)], held)
+    assert decision.preempt == []
+
+
+def test_las_is_work_conserving_but_a_starving_job_holds_its_place():
+    policy = Policy(nodes(1, 4.0), queues=CONFIG)
+    held = [running("r", gpus=2, started=0.0)]
+    big = job("big", gpus=4, submitted=100.0)
+    small = job("small", gpus=1, submitted=200.0)
+    passing = policy.schedule(1000.0, [big, small], held)
+    assert [job_id for job_id, _ in passing.admit] == ["small"]  # FIFO would block it behind "big"
+    starving = job("big", gpus=4, submitted=100.0, queued_since=100.0)
+    later = 100.0 + 4 * HOUR
+    held_late = [running("r", gpus=2, started=later - 100)]  # ran less than min_run_s: no victim
+    waits = policy.schedule(later, [starving, small], held_late)
+    assert waits.admit == [] and waits.head == "big"
+
+
+def test_a_starving_job_is_promoted_to_level_zero():
+    las = Las(CONFIG.las, CONFIG.las_queues())
+    # 2 GPU-hours on 1 GPU so far: it waits max(4 h, 4 x 2 h) = 8 h before it is promoted
+    heavy = job("heavy", submitted=0.0, attained=2 * HOUR, queued_since=1000.0)
+    fresh = job("fresh", submitted=5000.0)
+    assert [j.id for j in las.order([heavy, fresh], [], now=1000.0 + 5 * HOUR)] == ["fresh", "heavy"]
+    promoted_at = 1000.0 + 8 * HOUR
+    assert [j.id for j in las.order([heavy, fresh], [], now=promoted_at)] == ["heavy", "fresh"]
+    assert las.wake_at([heavy], [], now=2000.0) == promoted_at
+    never_ran = job("never-ran", submitted=0.0, queued_since=0.0)
+    assert las.promoted_at(never_ran) == 4 * HOUR
+
+
+def test_default_policy_ignores_las_fields():
+    plain = Policy(nodes(1, 1.0))
+    held = [running("long", started=0.0, attained=50 * HOUR)]
+    jobs = [job("a", submitted=0.0, attained=50 * HOUR), job("b", submitted=1.0)]
+    decision = plain.schedule(10 * HOUR, jobs, held)
+    assert decision.preempt == [] and decision.head == "a" and decision.wake_at is None
