@@ -58,13 +58,17 @@ def node_types(config: dict) -> list[NodeType]:
     return [NodeType(t["name"], dict(t["resources"]), int(t["max_nodes"])) for t in config["types"]]
 
 
-def find_config() -> str | None:
-    """The config file of the autoscaler running on this machine, if one does."""
+def find_config(gcs_address: str | None = None) -> str | None:
+    """The config file of the autoscaler running on this machine for the cluster at
+    `gcs_address` (a machine may run several clusters: tests do), if one does."""
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             args = process.info["cmdline"] or []
-            if any(MONITOR in a for a in args):
-                return next((a.split("=", 1)[1] for a in args if a.startswith("--autoscaling-config=")), None)
+            if not any(MONITOR in a for a in args):
+                continue
+            if gcs_address and f"--gcs-address={gcs_address}" not in args:
+                continue  # another cluster's autoscaler
+            return next((a.split("=", 1)[1] for a in args if a.startswith("--autoscaling-config=")), None)
     return None
 
 
@@ -86,10 +90,11 @@ class StandingRequest:
         self.bundles = bundles
 
 
-def detected_config() -> dict | None:
-    """The config of an autoscaler on this machine, read; None when there is none (or it
-    cannot be read: then the service works with the nodes it has, and says why in its log)."""
-    path = find_config()
+def detected_config(gcs_address: str | None = None) -> dict | None:
+    """The config of the autoscaler of the cluster at `gcs_address` on this machine, read; None
+    when there is none (or it cannot be read: then the service works with the nodes it has, and
+    says why in its log)."""
+    path = find_config(gcs_address)
     if path is None:
         return None
     try:

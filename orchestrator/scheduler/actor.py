@@ -96,7 +96,8 @@ class OrchestratorService:
         self.lifecycle = Lifecycle(store, JobRunner(self.config.dashboard), self.config, self.generation)
         self.store, self.jobs = store, self.lifecycle.jobs
         self.policy = self._startup_policy()
-        autoscaler = self.config.autoscaler or detected_config()  # on the head, beside Ray's monitor
+        # on the head, beside its cluster's monitor
+        autoscaler = self.config.autoscaler or detected_config(ray.get_runtime_context().gcs_address)
         self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config, autoscaler)
         self.started_at = time.time()
         self.last_pass_s = 0.0
