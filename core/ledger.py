@@ -86,6 +86,7 @@ class Ledger:
     trail: list[list[float]] = field(default_factory=list)  # [step, training s] per train record
     pending: list[int] = field(default_factory=list)  # checkpoints ahead of the records
     run: list | None = None  # the run (attempt, worker group) whose start `began` has seen
+    group: list | None = None  # the newest worker group restart `regrouped` has seen
 
     def __post_init__(self):
         if self.at is None:
@@ -197,6 +198,16 @@ class Ledger:
         if self.run != list(run):
             self.run = list(run)
             self.rewound(step, time)
+
+    def regrouped(self, group: list, time: float) -> None:
+        """Ray Train started a new worker group within the attempt, after a failure: from
+        `time` to the group's first step is lost (once per group)."""
+        if self.ended_at is not None or self.group == list(group):
+            return
+        self.group = list(group)
+        self._charge(time)
+        if self.mode in (STARTING, TRAINING):
+            self.mode, self.stepped = LOST, False
 
     def rewound(self, step: int, now: float) -> None:
         """A run (re)started from the checkpoint at `step` (0: from scratch). Below the newest

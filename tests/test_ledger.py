@@ -332,3 +332,18 @@ def test_a_start_after_a_failure_is_lost_time_and_a_start_after_a_preemption_is_
     assert ledger.seconds["lost"] == pytest.approx(3.0)
     assert ledger.seconds["starting"] == pytest.approx(3.0 + 2.0)  # 10 steps of 0.1 s trained each time
     assert sum(ledger.seconds.values()) == pytest.approx(18.0)
+
+
+def test_a_worker_group_restarted_within_an_attempt_is_lost_until_its_first_step():
+    ledger = Ledger(0.0)
+    ledger.state(JobState.ADMITTED, 0.0)
+    ledger.began([1, 0], 0, 0.0)
+    ledger.train(10, 2.0, step_s=0.1)
+    ledger.train(20, 3.0)
+    for _ in range(2):  # reported again and again while the new group starts
+        ledger.regrouped([1, 1], 5.0)  # a rank died after step 20; Ray Train restarts the group
+    ledger.began([1, 1], 20, 9.0)  # it resumed at the newest step: nothing to roll back
+    ledger.train(30, 10.0, step_s=0.1)
+    assert ledger.seconds["lost"] == pytest.approx(4.0)  # 5..9, and the new group's start
+    assert ledger.seconds["training"] == pytest.approx(2.0 + 2.0 + 1.0)  # until the failure was seen
+    assert sum(ledger.seconds.values()) == pytest.approx(10.0)

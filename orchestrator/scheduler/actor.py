@@ -605,6 +605,8 @@ class OrchestratorService:
         if ledger is None:
             return
         batch = progress.get("records") or []
+        if int(progress.get("restarts") or 0):  # a worker group Ray Train restarted: a failure
+            ledger.regrouped([job.attempt, int(progress["restarts"])], now)
         if progress.get("start_step") is not None:  # the run began before the records it sent
             times = [r["time"] for r in batch if isinstance(r.get("time"), (int, float))]
             run = [job.attempt, int(progress.get("restarts") or 0)]
