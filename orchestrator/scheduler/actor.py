@@ -195,6 +195,7 @@ class OrchestratorService:
         if job_id in self.jobs:
             raise ValueError(f"there is already a job '{job_id}' in the queue")
         job = new_record(spec, job_id, options, launched_by)
+        self.cycle.refresh_nodes()  # judged against the cluster as it is now, not at the last pass
         refusal = self.policy.rejection_reason(request(job)) if self.nodes else None
         if refusal:
             raise ValueError(f"{refusal}; lower resources.num_workers or the per-worker resources")
