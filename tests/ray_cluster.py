@@ -356,4 +356,9 @@ def stop_ray_head(head: RayHead) -> None:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
     stop_group(head.process)
+    # anything of this cluster that left its group (seen: a Redis-backed GCS outliving the head)
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if head.temp_dir in " ".join(process.info["cmdline"] or []):
+                process.kill()
     shutil.rmtree(head.temp_dir, ignore_errors=True)
