@@ -24,7 +24,7 @@ from orchestrator.scheduler import (
     free_capacity,
     place,
 )
-from orchestrator.scheduler.policy import requeued
+from orchestrator.scheduler.elastic import requeued
 from orchestrator.scheduler.preemption import choose_shrinks, shrunk_placement
 from tests.test_scheduler_policy import (
     ACCEL,

@@ -7,7 +7,9 @@ Pure policy (no Ray, so it can be simulated and property-tested; `bench/schedule
 - `admission`: gang placement of all of a job's workers at once, resource arithmetic, and the
   "larger than the cluster" check made at submission.
 - `preemption`: which lower-priority preemptible jobs to stop so that a job can start.
-- `policy`: one scheduling pass (`Policy.schedule`), and `FifoPolicy` as a baseline.
+- `policy`: one scheduling pass (`Policy.schedule`); `room`, the free room a pass hands out;
+  `elastic`, resizes and growing; `las` and `cohorts`, the queue orders and fair share.
+- `fifo`: `FifoPolicy`, the baseline.
 
 Ray side, imported on its own (never from here, so the pure modules stay importable without
 Ray): `actor.py`, the detached service actor and the calls it answers; `cycle.py`, its
@@ -26,7 +28,8 @@ from orchestrator.scheduler.admission import (
     scale,
     subtract,
 )
-from orchestrator.scheduler.policy import DEFAULT_BACKFILL_WINDOW, FifoPolicy, Policy
+from orchestrator.scheduler.fifo import FifoPolicy
+from orchestrator.scheduler.policy import DEFAULT_BACKFILL_WINDOW, Policy
 from orchestrator.scheduler.preemption import choose_victims, victim_rank
 from orchestrator.scheduler.queue import QuotaBook, order_pending, queue_key, quota_reason
 from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node, Resources

@@ -41,63 +41,28 @@ growing, but jobs of that queue do not grow: the quota goes to the waiting job f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
-from operator import attrgetter
 
 from core.queues import QueueConfig
 from orchestrator.scheduler.admission import (
     EPS,
-    UNBOUNDED,
     format_resources,
     free_capacity,
     oversize_reason,
     place,
     positive,
-    slots,
 )
 from orchestrator.scheduler.cohorts import CohortBook, CohortLayout, Verdict
+from orchestrator.scheduler.elastic import Resizes
 from orchestrator.scheduler.las import Las
 from orchestrator.scheduler.preemption import choose_shrinks, choose_victims
 from orchestrator.scheduler.queue import QuotaBook, order_pending, quota_reason
-from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node, Resources
+from orchestrator.scheduler.room import Shape, Spare, View, at_sizes, headroom, released, shadow, shape_of
+from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node
 
 DEFAULT_BACKFILL_WINDOW = 100
 DEFAULT_GROW_AFTER_S = 120.0
-
-Shape = tuple[int, tuple[tuple[str, float], ...]]
-
-
-def _shape(job: JobRequest) -> Shape:
-    # dict order is part of the key: equal dicts in another order only miss a cache, never hit wrongly
-    return (job.workers, tuple(job.per_worker.items()))
-
-
-def _sized(job: JobRequest) -> list[tuple[JobRequest, Shape]]:
-    """The job at each of its allowed sizes, largest first, with its shape (one for a fixed job)."""
-    if not job.sizes:
-        return [(job, _shape(job))]
-    return [(request, _shape(request)) for request in map(job.at_size, job.sizes)]
-
-
-def requeued(allocation: Allocation) -> JobRequest:
-    """A running elastic job as the pending job it becomes once stopped for a resize (the
-    service requeues it with all its sizes)."""
-    return JobRequest(
-        allocation.job_id,
-        allocation.priority,
-        allocation.sizes[0] if allocation.sizes else allocation.workers,
-        allocation.per_worker,
-        allocation.started_at,
-        allocation.preemptible,
-        allocation.queue,
-        sizes=allocation.sizes,
-    )
-
-
-def _return_order(allocation: Allocation) -> tuple[int, float, str]:
-    """Queue order of stopped jobs coming back: priority, then the longest running (as submitted)."""
-    return (-allocation.priority, allocation.started_at, allocation.job_id)
 
 
 def _duration(seconds: float) -> str:
@@ -117,71 +82,6 @@ class _Reservation:
     start: float | None  # None: depends on jobs without a runtime estimate
     placement: dict[str, int]
     promised: bool  # the head waits for victims: nothing may use its resources, even briefly
-
-
-class _View:
-    """Resources per node that a pass may still hand out, with cluster totals.
-
-    Within a pass a view only shrinks, so a job shape that did not fit will not fit later in
-    the pass, and neither will a shape with at least as many workers each needing at least as
-    much: both are answered without another placement search.
-    """
-
-    def __init__(self, by_node: dict[str, Resources]) -> None:
-        self.by_node = by_node
-        self.totals: Resources = {}
-        for node_free in by_node.values():
-            for name, amount in node_free.items():
-                self.totals[name] = self.totals.get(name, 0.0) + amount
-        self._failed_shapes: set[Shape] = set()
-        self._failed: list[tuple[int, Resources]] = []
-
-    def place(self, job: JobRequest, shape: Shape) -> dict[str, int] | None:
-        if shape in self._failed_shapes:
-            return None
-        need = job.per_worker
-        for workers, failed_need in self._failed:
-            if job.workers >= workers and all(need.get(n, 0.0) >= a for n, a in failed_need.items()):
-                self._failed_shapes.add(shape)
-                return None
-        placement = None
-        if all(a * job.workers <= self.totals.get(n, 0.0) + EPS for n, a in need.items() if a > 0):
-            placement = place(job, self.by_node)
-        if placement is None:
-            self._failed_shapes.add(shape)
-            self._failed.append((job.workers, positive(need)))
-        return placement
-
-    def set_node(self, node_id: str, resources: Resources) -> None:
-        old = self.by_node[node_id]
-        for name in resources.keys() | old.keys():
-            self.totals[name] = self.totals.get(name, 0.0) + resources.get(name, 0.0) - old.get(name, 0.0)
-        self.by_node[node_id] = resources
-
-    def take(self, placement: Mapping[str, int], per_worker: Mapping[str, float]) -> None:
-        for node_id, count in placement.items():
-            self.set_node(node_id, _minus(self.by_node[node_id], per_worker, count))
-
-
-class _Spare(_View):
-    """What backfill may use beside the head's reservation: free now, and free when it starts."""
-
-    def __init__(self, free: dict[str, Resources], headroom: dict[str, Resources]) -> None:
-        self.free = free  # the pass's free resources per node (kept current by the pass)
-        self.headroom = headroom  # per node when the head starts: free then, minus its placement
-        super().__init__({node_id: self._min_of_both(node_id) for node_id in free})
-
-    def _min_of_both(self, node_id: str) -> Resources:
-        free, room = self.free[node_id], self.headroom[node_id]
-        return {name: min(amount, room.get(name, 0.0)) for name, amount in free.items()}
-
-    def refresh(self, node_ids: Iterable[str]) -> None:
-        for node_id in node_ids:
-            self.set_node(node_id, self._min_of_both(node_id))
-
-    def take_headroom(self, placement: Mapping[str, int], per_worker: Mapping[str, float]) -> None:
-        for node_id, count in placement.items():
-            self.headroom[node_id] = _minus(self.headroom[node_id], per_worker, count)
 
 
 class Policy:
@@ -255,7 +155,7 @@ class Policy:
 
     def oversize_note(self, job: JobRequest, shape: Shape | None = None) -> str | None:
         """Why the job cannot start on the cluster as it is now, even empty; None if it can."""
-        shape = shape or _shape(job)
+        shape = shape or shape_of(job)
         if shape not in self._oversize:
             self._oversize[shape] = oversize_reason(job, self.possible)
         reason = self._oversize[shape]
@@ -278,7 +178,7 @@ class Policy:
         return _Pass(self, now, running, cohorts, served, levels).run(ordered)
 
 
-class _Pass:
+class _Pass(Resizes):
     """The state of one scheduling pass (see the module docstring for the steps)."""
 
     def __init__(
@@ -293,7 +193,7 @@ class _Pass:
         self.policy = policy
         self.now = now
         self.running = running
-        self.free = _View(free_capacity(policy.nodes, running))
+        self.free = View(free_capacity(policy.nodes, running))
         self.quotas = QuotaBook(policy.quotas, running)
         self.cohorts = cohorts
         self.served = served or {}  # LAS: each running job's attained service, once per pass
@@ -301,7 +201,7 @@ class _Pass:
         self.held = list(running)  # running jobs and those started in this pass, for the shadow time
         self.decision = Decision()
         self.reservation: _Reservation | None = None
-        self.spare: _Spare | None = None
+        self.spare: Spare | None = None
         self.quota_tried: set[str] = set()  # queues whose jobs looked for victims to free quota
 
     def run(self, ordered: list[JobRequest]) -> Decision:
@@ -319,7 +219,7 @@ class _Pass:
                 examined += 1
             if job.id in running_ids:
                 continue  # the service still lists it as pending; never start a job twice
-            sized = _sized(job)  # an elastic job: each size, largest first; judged by its smallest
+            sized = at_sizes(job)  # an elastic job: each size, largest first; judged by its smallest
             smallest, shape = sized[-1]
             note = policy.oversize_note(smallest, shape)
             if note is not None:
@@ -456,7 +356,7 @@ class _Pass:
             victims = [by_id[job_id] for job_id in chosen]
         if victims:
             # a shrunk job, like a victim, stops whole (checkpointed) and starts again smaller
-            future = _released(free, victims)
+            future = released(free, victims)
             placement = place(head, future)
             if placement is not None:
                 names = [victim.job_id for victim in victims]
@@ -479,12 +379,12 @@ class _Pass:
                 if job.sizes or returning:
                     reserved, room, _ = self._next_pass(job, future, returning)
                 if reserved is None:  # a fixed-size head and no elastic job to come back
-                    reserved, room = placement, _headroom(future, placement, head)
+                    reserved, room = placement, headroom(future, placement, head)
                 self.reservation = _Reservation(head, now, reserved, promised=True)
-                self.spare = _Spare(free, room)
+                self.spare = Spare(free, room)
                 return
 
-        start, avail = _shadow(now, head, free, self.held)
+        start, avail = shadow(now, head, free, self.held)
         placement = place(head, avail) or {}  # {}: only when nodes vanished under running jobs
         decision.head = head.id
         decision.head_start = start
@@ -507,7 +407,7 @@ class _Pass:
         )
         decision.notes[head.id] = f"next in line: {waiting}; resources reserved, {when}"
         self.reservation = _Reservation(head, start, placement, promised=False)
-        self.spare = _Spare(free, _headroom(avail, placement, head))
+        self.spare = Spare(free, headroom(avail, placement, head))
 
     def _victims(self, head: JobRequest) -> list[str]:
         """Lower-priority preemptible jobs to stop for the head; failing that, jobs of its own
@@ -644,235 +544,7 @@ class _Pass:
 
     # -- elastic jobs: what a resize leads to, and growing ----------------------------------------
 
-    def _next_pass(
-        self, job: JobRequest | None, future: Mapping[str, Resources], returning: list[Allocation]
-    ) -> tuple[dict[str, int] | None, dict[str, Resources], dict[str, int]]:
-        """What the next pass starts once `returning` have stopped and are pending again.
-
-        `future`: the free resources per node by then. The head `job` (if any) goes first at
-        the largest size that fits, then the returning elastic jobs in queue order, each at the
-        largest size that fits (and fits its queue's quota), as a pass admits them. Returns the
-        head's placement (None: it does not fit), what is left free per node, and the size each
-        returning job starts at (0: none).
-        """
-        room = {node_id: dict(node_free) for node_id, node_free in future.items()}
-        book = self._quota_book(allocation.job_id for allocation in returning)
-        head_placement = None
-        if job is not None:
-            sized = _sized(job)
-            for index, (request, _) in enumerate(sized):
-                # its smallest size passed the quota check of this pass already
-                if index < len(sized) - 1 and not book.allows(request):
-                    continue
-                head_placement = place(request, room)
-                if head_placement is not None:
-                    _take(room, head_placement, job.per_worker)
-                    book.charge(request)
-                    break
-        started: dict[str, int] = {}
-        for allocation in sorted(returning, key=_return_order):
-            started[allocation.job_id] = 0
-            for request, _ in _sized(requeued(allocation)):
-                placement = place(request, room) if book.allows(request) else None
-                if placement is not None:
-                    _take(room, placement, allocation.per_worker)
-                    book.charge(request)
-                    started[allocation.job_id] = request.workers
-                    break
-        return head_placement, room, started
-
-    def _quota_book(self, leaving: Iterable[str]) -> QuotaBook:
-        """Quota use of the jobs that hold resources after this pass, less those in `leaving`."""
-        if not self.policy.quotas:
-            return QuotaBook(None)
-        leaving = set(leaving)
-        return QuotaBook(self.policy.quotas, [a for a in self.held if a.job_id not in leaving])
-
-    def _come_back(
-        self, head: JobRequest | None, plan: Mapping[str, int], by_id: Mapping[str, Allocation]
-    ) -> bool:
-        """True when, after stopping for this resize plan, every job in it starts again at no
-        less than its planned size next to the head (see `_next_pass`)."""
-        resized = [by_id[job_id] for job_id in plan]
-        _, _, started = self._next_pass(head, _released(self.free.by_node, resized), resized)
-        return all(started[job_id] >= size for job_id, size in plan.items())
-
-    def _grow(self, blocked_queues: set[str]) -> None:
-        """Grow running elastic jobs into the free room (nothing waits; see the module docstring).
-
-        Each job grows to the largest size that fits into its own placement plus what is still
-        free after this pass's starts and the grows before it, so no free room is promised to
-        two jobs; a grow is kept only if the job would start again at that size (`_come_back`)
-        and it leaves its queue within its quota.
-        """
-        now, grow_after_s = self.now, self.policy.grow_after_s
-        elastic = [a for a in self.running if a.elastic]
-        if not elastic or any(a.stopping for a in self.running):  # a stopping job comes back first
-            return
-        candidates = sorted(
-            (
-                a
-                for a in elastic
-                if a.queue not in blocked_queues
-                and now - a.started_at >= grow_after_s
-                and a.workers < a.sizes[0]
-                and all(node_id in self.free.by_node for node_id in a.placement)  # none on a node gone
-            ),
-            key=_return_order,
-        )
-        by_id = {a.job_id: a for a in candidates}
-        room = {node_id: dict(node_free) for node_id, node_free in self.free.by_node.items()}
-        for allocation in candidates:
-            avail = _released(room, [allocation])
-            request = requeued(allocation)
-            for size in (size for size in allocation.sizes if size > allocation.workers):
-                extra = request.at_size(size - allocation.workers)  # what the queue's quota must hold
-                if not self._quota_allows(extra):
-                    continue
-                placement = place(request.at_size(size), avail)
-                plan = {**self.decision.resize, request.id: size}
-                if placement is None or not self._come_back(None, plan, by_id):
-                    continue
-                self.decision.resize[request.id] = size
-                self.quotas.charge(extra)
-                if self.cohorts is not None:
-                    self.cohorts.charge(extra)
-                _take(avail, placement, allocation.per_worker)
-                room = avail
-                break
-
-
-class FifoPolicy:
-    """Plain FIFO for comparison: submission order, no priorities, backfill or preemption.
-
-    Jobs start in submission order until the first that cannot start; everything behind it
-    waits. An elastic job starts at the largest of its sizes that fits, and waits for its
-    smallest; running jobs are never resized. Same interface as `Policy` (the backfill,
-    preemption and grow switches are ignored).
-    """
-
-    def __init__(
-        self,
-        nodes: list[Node],
-        quotas: dict[str, dict[str, float]] | None = None,
-        backfill: bool = False,
-        preemption: bool = False,
-        backfill_window: int = 0,
-        grow_after_s: float = DEFAULT_GROW_AFTER_S,
-    ) -> None:
-        self.quotas = {q: dict(limits) for q, limits in (quotas or {}).items()}
-        self.set_nodes(nodes)
-
-    def set_nodes(self, nodes: Iterable[Node]) -> None:
-        self.nodes = list(nodes)
-        self._oversize: dict[Shape, str | None] = {}
-
-    def rejection_reason(self, job: JobRequest) -> str | None:
-        smallest = job.at_size(job.allowed_sizes()[-1])
-        return oversize_reason(smallest, self.nodes) or quota_reason(smallest, self.quotas)
-
-    def schedule(self, now: float, pending: list[JobRequest], running: list[Allocation]) -> Decision:
-        running = list(running)
-        free = _View(free_capacity(self.nodes, running))
-        quotas = QuotaBook(self.quotas, running)
-        running_ids = {allocation.job_id for allocation in running}
-        decision = Decision()
-        for job in sorted(pending, key=attrgetter("submitted_at", "id")):
-            if job.id in running_ids:
-                continue
-            sized = _sized(job)
-            smallest, shape = sized[-1]
-            if shape not in self._oversize:
-                self._oversize[shape] = oversize_reason(smallest, self.nodes)
-            if self._oversize[shape] is not None:
-                # it can never start here: skipping it keeps the queue from stalling for good
-                decision.notes[job.id] = f"cannot start on the cluster as it is now: {self._oversize[shape]}"
-                continue
-            if not quotas.allows(smallest):
-                decision.notes[job.id] = quotas.note(smallest)
-                break
-            for request, request_shape in sized:  # largest first
-                placement = free.place(request, request_shape) if quotas.allows(request) else None
-                if placement is not None:
-                    break
-            if placement is None:
-                decision.notes[job.id] = "next in line (FIFO): waiting for resources"
-                break
-            free.take(placement, job.per_worker)
-            quotas.charge(request)
-            decision.admit.append((job.id, placement))
-        return decision
-
 
 def _recent_first(allocation: Allocation) -> tuple[float, str]:
     """Reclaim order: the most recently started borrower first (the least work since it started)."""
     return (-allocation.started_at, allocation.job_id)
-
-
-def _take(room: dict[str, Resources], placement: Mapping[str, int], per_worker: Mapping[str, float]) -> None:
-    """Take a placement's workers out of `room` (per node, in place)."""
-    for node_id, count in placement.items():
-        room[node_id] = _minus(room[node_id], per_worker, count)
-
-
-def _minus(resources: Mapping[str, float], per_worker: Mapping[str, float], count: int) -> Resources:
-    out = dict(resources)
-    for name, amount in per_worker.items():
-        out[name] = out.get(name, 0.0) - amount * count
-    return out
-
-
-def _released(free: Mapping[str, Resources], allocations: Iterable[Allocation]) -> dict[str, Resources]:
-    """Free resources per node once these allocations have let go of theirs."""
-    out = {node_id: dict(node_free) for node_id, node_free in free.items()}
-    for allocation in allocations:
-        for node_id, count in allocation.placement.items():
-            if node_id in out:
-                out[node_id] = _minus(out[node_id], allocation.per_worker, -count)
-    return out
-
-
-def _headroom(
-    avail: Mapping[str, Resources], placement: Mapping[str, int], head: JobRequest
-) -> dict[str, Resources]:
-    """Per node: what is left at the head's start once its placement is taken out."""
-    out = {node_id: dict(node_avail) for node_id, node_avail in avail.items()}
-    for node_id, count in placement.items():
-        out[node_id] = _minus(out[node_id], head.per_worker, count)
-    return out
-
-
-def _shadow(
-    now: float, head: JobRequest, free: Mapping[str, Resources], held: list[Allocation]
-) -> tuple[float | None, dict[str, Resources]]:
-    """When the head fits if held jobs end as estimated, and the free resources at that time.
-
-    Stopping jobs go first (they end now), then jobs by estimated end (an overdue estimate
-    counts as now), then jobs without an estimate, oldest first; the time is None as soon as
-    one of those is needed. Slots are counted per node as releases come in, so each release
-    costs only the nodes it touches.
-    """
-    need = positive(head.per_worker)
-    avail = {node_id: dict(node_free) for node_id, node_free in free.items()}
-    room = {node_id: slots(need, node_free, UNBOUNDED) for node_id, node_free in avail.items()}
-    total = sum(room.values())
-    if total >= head.workers:
-        return now, avail
-    stopping = [a for a in held if a.stopping]
-    known = sorted((a for a in held if not a.stopping and a.est_end is not None), key=attrgetter("est_end"))
-    unknown = sorted((a for a in held if not a.stopping and a.est_end is None), key=attrgetter("started_at"))
-    releases = [(now, a) for a in stopping] + [(max(now, a.est_end), a) for a in known]
-    releases += [(None, a) for a in unknown]
-    for when, allocation in releases:
-        for node_id, count in allocation.placement.items():
-            node_avail = avail.get(node_id)
-            if node_avail is None:
-                continue
-            for name, amount in allocation.per_worker.items():
-                node_avail[name] = node_avail.get(name, 0.0) + amount * count
-            fresh = slots(need, node_avail, UNBOUNDED)
-            total += fresh - room[node_id]
-            room[node_id] = fresh
-        if total >= head.workers:
-            return when, avail
-    return None, avail
