@@ -118,7 +118,7 @@ def service_side(args) -> dict:
     from core.metrics_log import read_metrics
     from core.records import is_train
     from core.spec import load_spec
-    from orchestrator.scheduler.actor import OrchestratorService
+    from orchestrator.scheduler.progress import account
     from orchestrator.scheduler.submission import new_record
     from orchestrator.scheduler.watchdog import Watchdog
 
@@ -144,7 +144,7 @@ def service_side(args) -> dict:
             }
             progress = {"step": r["step"], "records": [r], "ranks": {1: {**rank1, "rank": 1}}}
             now = r["time"] + 0.5
-            OrchestratorService._account(job, progress)
+            account(job, progress)
             watchdog.observe(job, progress, now)
             watchdog.ratios(job.id)
         best = min(best, (time.perf_counter() - started) / len(train))

@@ -264,7 +264,8 @@ def simulate(name: str, policy, plans: list[JobPlan], cfg: Config) -> Outcome:
             victim = jobs[victim_id]
             head = jobs[decision.reserved_for].plan
             assert victim_id in running and not victim.stopping, f"{victim_id} is not a running job"
-            assert victim.plan.preemptible and victim.plan.priority < head.priority, (
+            # of equal priority: moved to another node to make room (`defrag.py`)
+            assert victim.plan.preemptible and victim.plan.priority <= head.priority, (
                 f"{victim_id} may not be preempted"
             )
             victim.stopping = True

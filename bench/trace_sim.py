@@ -121,6 +121,7 @@ class Outcome:
     busy_gpu_s: float = 0.0
     waiting_s: float = 0.0  # time during which some job waited
     busy_waiting_gpu_s: float = 0.0
+    idle_short_gpu_s: float = 0.0  # idle while every waiting job needs more GPUs than are free
     contended_s: float = 0.0  # time during which every queue had a job waiting
     queue_gpu_s: dict[str, float] = field(default_factory=dict)  # GPU-time per queue, contended
     makespan_s: float = 0.0
@@ -147,6 +148,7 @@ def simulate(policy, jobs: list[TraceJob], cfg: SimConfig, oracle: bool) -> Outc
     used = dict.fromkeys((f"n{i:04d}" for i in range(cfg.nodes)), 0.0)
     half = cfg.preempt_cost_s / 2
     clock, busy, last_wake = events[0][0], 0.0, None
+    short = False  # after the last pass: every waiting job needs more GPUs than are free in all
     queue_busy = dict.fromkeys(queues, 0.0)
 
     def enqueue(run: Run, now: float) -> None:
@@ -182,6 +184,8 @@ def simulate(policy, jobs: list[TraceJob], cfg: SimConfig, oracle: bool) -> Outc
         if pending:
             out.waiting_s += span
             out.busy_waiting_gpu_s += busy * span
+            if short:
+                out.idle_short_gpu_s += (cfg.nodes * per_node - busy) * span
             if len(queues) > 1 and len({pending_job.queue for pending_job in pending.values()}) == len(
                 queues
             ):
@@ -239,6 +243,8 @@ def simulate(policy, jobs: list[TraceJob], cfg: SimConfig, oracle: bool) -> Outc
             end = now + run.restart_s + run.remaining_s
             heapq.heappush(events, (end, seq, "finish", job_id, run.generation))
             seq += 1
+        free_gpus = cfg.nodes * per_node - busy
+        short = bool(pending) and min(runs[job_id].gpus for job_id in pending) > free_gpus + 1e-9
         wake = getattr(decision, "wake_at", None)
         if wake is not None and wake != last_wake:
             heapq.heappush(events, (wake, seq, "wake", "", 0))
@@ -262,6 +268,11 @@ def summarize(out: Outcome, total_gpus: int, fair: dict[str, float]) -> dict:
         "makespan_s": out.makespan_s,
         "utilisation": out.busy_gpu_s / (total_gpus * out.makespan_s),
         "utilisation_while_waiting": out.busy_waiting_gpu_s / (total_gpus * out.waiting_s)
+        if out.waiting_s
+        else None,
+        # the idle GPU-time while jobs wait that no placement could use: every waiting job
+        # needed more GPUs than were free in all (the rest: spread over nodes, reserved, quota)
+        "idle_short_while_waiting": out.idle_short_gpu_s / (total_gpus * out.waiting_s)
         if out.waiting_s
         else None,
         "preemptions_per_job": sum(run.preemptions for run in runs) / len(runs),

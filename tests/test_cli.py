@@ -171,6 +171,7 @@ def test_local_run_writes_summary_and_checkpoint(cli, tmp_path):
         (["--address", "127.0.0.1:1", "--redis", "127.0.0.1:6380"], "--redis: the cluster at 127.0.0.1:1"),
         (["--node-loss-wait", "-1"], "--node-loss-wait -1: must be 0 or more seconds"),
         (["--grow-after", "-5"], "--grow-after -5: must be 0 or more seconds"),
+        (["--move-after", "nan"], "--move-after nan: must be 0 or more seconds"),
         (["--autoscaler-config", "/no/such.yaml"], "--autoscaler-config /no/such.yaml: cannot read it"),
         (["--autoscaler-config", "jobs/vit.yaml"], "jobs/vit.yaml: available_node_types: required"),
     ],

@@ -114,3 +114,76 @@ def test_a_slow_rank_is_flagged_with_its_rank_and_node(service):
     job = service.done(job_id, timeout=300)  # on_straggler: warn
     [flagged] = [e for e in job["history"] if e["event"] == "straggler"]
     assert flagged["rank"] == 1 and flagged["node"] == node and flagged["ratio"] > 1.2
+
+
+def worker_pids(service, job_id: str) -> list[dict[int, int]]:
+    """Each worker group's rank -> pid, in the order the driver started them, from its log."""
+    groups = []
+    for line in service.cli("logs", job_id).stdout.splitlines():
+        if re.search(r"workers: rank \d+ pid \d+", line):
+            groups.append({int(r): int(p) for r, p in re.findall(r"rank (\d+) pid (\d+)", line)})
+    return groups
+
+
+@pytest.mark.timeout(600)
+def test_a_straggler_restarts_the_job_away_from_its_node(service):
+    name = "slow-node"
+    fault(service, name, "slow_node=1:0.05")  # the node rank 1 first runs on is slow for good
+    job_id = service.submit(
+        "fault_tolerance.on_straggler=restart_excluding_node", "checkpoint.keep=100", name=name, steps=700
+    )
+    attempt_2 = lambda j: j["attempt"] == 2 and j["state"] in ("running", "succeeded")  # noqa: E731
+    job = service.wait(job_id, attempt_2, 300, "attempt 2")
+    slow = (service.faults / f"{name}.slow-node").read_text().strip()  # where rank 1 first ran
+    first, again = worker_pids(service, job_id)[:2]
+    assert node_of(service, first[1]) == slow  # Ray's own word on where attempt 1's rank 1 ran
+    assert job["avoid_nodes"] == [slow]
+    assert slow not in {node_of(service, pid) for pid in again.values()}  # attempt 2: off that node
+    status = service.cli("status", job_id).stdout
+    assert f"avoiding:   node(s) {slow}" in status
+    assert f"restarting away from node {slow}: rank 1 straggles" in status
+
+    job = service.done(job_id, timeout=300)
+    [flagged] = [e for e in job["history"] if e["event"] == "straggler"]  # attempt 2 runs at pace
+    assert flagged["rank"] == 1 and flagged["node"] == slow and flagged["ratio"] > 1.2
+    ratio = re.search(r"straggles, ([\d.]+)x the median$", flagged["action"])
+    assert ratio and float(ratio.group(1)) == pytest.approx(flagged["ratio"], abs=0.01)
+    events = [e["event"] for e in job["history"]]
+    assert events.count("preempted") == 1
+    [stop] = [e for e in job["history"] if e["event"] == "stop-requested"]
+    [preempted] = [e for e in job["history"] if e["event"] == "preempted"]
+    assert stop["why"] == "preempt" and stop["for"] == f"straggler on node {slow}"
+    assert preempted["acknowledged"] and preempted["steps_lost"] == 0  # checkpointed: nothing lost
+    [_, readmitted] = [e for e in job["history"] if e["event"] == "admitted"]
+    assert readmitted["step"] == preempted["step"] and readmitted["workers"] == 2
+    assert job["preemptions"] == 1 and job["attempt"] == 2 and job["steps_lost"] == 0
+    # every step once in the run's log, across the two attempts (the second resumed where the first stopped)
+    logged = [r["step"] for r in read_metrics(str(service.runs / name)) if "loss" in r]
+    assert logged == list(range(5, 701, 5))
+    assert (service.runs / name / f"checkpoint_{preempted['step']:08d}").is_dir()  # where attempt 2 resumed
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_group_that_never_takes_its_first_step_is_hung(service):
+    name = "hang-at-start"
+    fault(service, name, "hang_at_step=1")  # the first worker group blocks before its first step
+    job_id = service.submit(
+        "fault_tolerance.max_failures=1",
+        f"fault_tolerance.hang_timeout_s={HANG_TIMEOUT_S}",
+        name=name,
+        steps=30,
+    )
+    job = service.done(job_id, timeout=400)
+    [hung] = [e for e in job["history"] if e["event"] == "hung"]
+    assert hung["step"] == 0 and hung["timeout_s"] == HANG_TIMEOUT_S, hung
+    assert hung["before"] == "the first step of its worker group"
+    assert HANG_TIMEOUT_S < hung["stalled_s"] < HANG_TIMEOUT_S + 10
+    folder = service.runs / name / "hangs" / f"attempt-{job['attempt']}-step-0"
+    assert hung["stacks"] == str(folder)
+    for rank in (0, 1):
+        assert "_wait_for_data_that_never_comes" in (folder / f"rank-{rank}.txt").read_text()
+        assert "_wait_for_data_that_never_comes" in hung["ranks"][str(rank)]
+    # Ray Train restarted the group (one failure of max_failures: 1); it trained from scratch
+    assert job["summary"]["restarts"] == 1 and job["attempt"] == 1
+    logged = [r["step"] for r in read_metrics(str(service.runs / name)) if "loss" in r]
+    assert logged == list(range(5, 31, 5))

@@ -65,6 +65,24 @@ def test_a_new_worker_group_is_not_judged_until_it_steps_past_its_start():
     assert clock.hung(1011.0, timeout=10.0, log_every=5)
 
 
+def test_the_start_timeout_is_the_setting_or_ten_minutes_at_least():
+    assert hangs.start_timeout_s(None, None) == hangs.START_FLOOR_S == 600.0
+    assert hangs.start_timeout_s(None, 90.0) == 900.0  # the automatic hang timeout when longer
+    assert hangs.start_timeout_s(15.0, 90.0) == 15.0  # the spec's setting wins
+
+
+def test_a_group_without_a_first_step_is_judged_by_the_start_timeout_from_its_start():
+    clock = StepClock()
+    clock.observe(0, group=0, now=0.0, start=None)  # starting: no workers yet
+    assert not clock.hung(1000.0, timeout=10.0, log_every=5, start_timeout=60.0)
+    clock.observe(0, group=0, now=1000.0, start=None, workers_up=True)
+    clock.observe(0, group=0, now=1030.0, start=0, workers_up=True)  # loaded: the run began
+    assert not clock.hung(1089.0, timeout=10.0, log_every=5, start_timeout=60.0)
+    assert clock.hung(1091.0, timeout=10.0, log_every=5, start_timeout=60.0)
+    clock.observe(5, group=0, now=1092.0, start=0, workers_up=True)  # its first logged step
+    assert clock.armed and not clock.hung(1101.0, timeout=10.0, log_every=5, start_timeout=60.0)
+
+
 def test_the_first_step_seen_may_already_be_past_the_start():
     clock = StepClock()
     clock.observe(20, group=0, now=0.0, start=0)  # the reports missed the steps before

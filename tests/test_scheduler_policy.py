@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import heapq
 import math
 import random
@@ -39,6 +40,7 @@ from orchestrator.scheduler import (
     scale,
     subtract,
 )
+from orchestrator.scheduler.room import View, shape_of
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = 1e-6
@@ -121,6 +123,59 @@ def test_place_spans_as_few_nodes_as_possible():
     assert place(job("a", workers=10), free) == {"n1": 8, "n3": 2}
 
 
+def avoiding(request: JobRequest, *node_ids: str) -> JobRequest:
+    return dataclasses.replace(request, avoid_nodes=frozenset(node_ids))
+
+
+def test_place_skips_the_nodes_a_job_avoids():
+    free = {"n0": {"accel": 8}, "n1": {"accel": 2}, "n2": {"accel": 3}}
+    assert place(job("a", workers=2), free) == {"n1": 2}
+    assert place(avoiding(job("a", workers=2), "n1"), free) == {"n2": 2}
+    assert place(avoiding(job("a", workers=8), "n0"), free) is None  # 5 left off n0
+    assert oversize_reason(avoiding(job("a", workers=8), "n0"), nodes_of(8, 2, 3)) == (
+        "job a needs 8 worker(s) x (1 accel) away from 1 node(s) it avoids but the whole cluster"
+        " has room for only 5 such worker(s) (2 node(s))"
+    )
+
+
+def test_a_pass_places_a_job_off_the_nodes_it_avoids_and_preempts_only_where_it_may_go():
+    policy = Policy(nodes_of(1, 1, 1))
+    decision = policy.schedule(0.0, [avoiding(job("a", workers=2), "n0")], [])
+    assert decision.admit == [("a", {"n1": 1, "n2": 1})]
+    # n2 is free; of the victims, only the one off n0 makes room (the other is preferred: newer)
+    held = [
+        running("low-n0", {"n0": 1}, started_at=5.0, preemptible=True),
+        running("low-n1", {"n1": 1}, started_at=1.0, preemptible=True),
+    ]
+    head = avoiding(job("a", workers=2, priority=5), "n0")
+    assert policy.schedule(10.0, [head], held).preempt == ["low-n1"]
+    assert Policy(nodes_of(1, 1, 1)).schedule(10.0, [job("a", workers=2, priority=5)], held).preempt == [
+        "low-n0"
+    ]
+
+
+def test_placement_verdicts_are_never_shared_between_a_job_and_one_that_avoids_nodes():
+    """Two jobs of the same shape, one avoiding a node: the caches of a pass (a shape that did
+    not fit) and of the policy (a shape larger than the cluster) keep them apart."""
+    nodes = nodes_of(1, 1)
+    plain, shy = job("plain", workers=2, submitted_at=1.0), avoiding(job("shy", workers=2), "n0")
+    policy = Policy(nodes)
+    decision = policy.schedule(0.0, [shy, plain], [])  # shy is older: judged (and cached) first
+    assert decision.admit == [("plain", {"n0": 1, "n1": 1})]
+    assert decision.notes["shy"].startswith("cannot start on the cluster as it is now: it needs")
+    decision = policy.schedule(0.0, [plain, dataclasses.replace(shy, submitted_at=2.0)], [])
+    assert decision.admit == [("plain", {"n0": 1, "n1": 1})] and "shy" in decision.notes
+    assert policy.oversize_note(plain) is None and policy.oversize_note(shy) is not None
+    # within a pass: a shape that failed while avoiding n1 still fits without avoiding it
+    view = View({"n0": {"accel": 2}, "n1": {"accel": 1}})
+    one_node = avoiding(job("x", workers=2), "n0")
+    assert view.place(one_node, shape_of(one_node)) is None
+    again = job("y", workers=2)
+    assert view.place(again, shape_of(again)) == {"n0": 2}
+    bigger = avoiding(job("z", workers=3), "n0")  # more workers, same avoided node: known not to fit
+    assert view.place(bigger, shape_of(bigger)) is None
+
+
 def test_free_capacity_counts_running_and_stopping_jobs_and_ignores_gone_nodes():
     nodes = nodes_of(8, 8)
     allocations = [
@@ -144,6 +199,11 @@ def test_a_job_larger_than_the_cluster_is_refused_up_front():
     assert oversize_reason(job("ok", workers=16), nodes) is None
     policy = Policy(nodes)
     assert "room for only 16" in policy.rejection_reason(job("big", workers=17))
+    assert policy.rejection_reason(job("big", workers=17)).startswith("job big needs")
+    # nodes leave: two waiting jobs of one shape, each told about itself (the verdict is cached)
+    policy.set_nodes(nodes_of(8))
+    notes = policy.schedule(0.0, [job("x", workers=9), job("y", workers=9, submitted_at=1.0)], []).notes
+    assert notes["x"] == notes["y"] and "room for only 8" in notes["y"] and "job x" not in notes["y"]
 
 
 def test_job_and_node_check_their_values():

@@ -13,10 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from trace_sim import POLICIES, SimConfig, replay, shape  # noqa: E402
+from trace_sim import POLICIES, SimConfig, replay, shape, simulate, summarize  # noqa: E402
 from traces import from_tiresias, read_trace, two_teams, write_trace  # noqa: E402
 
 from core.queues import validate_queue_config  # noqa: E402
+from orchestrator.scheduler import Node, Policy  # noqa: E402
 
 TIRESIAS = ROOT / "bench" / "traces" / "tiresias-60.csv"
 
@@ -85,6 +86,35 @@ def test_two_teams_share_the_cluster_while_both_wait():
     assert fair["jain"] > fifo["jain"]
 
 
+def test_an_idle_team_s_quota_is_used_and_moves_keep_the_gpus_busy_while_jobs_wait():
+    """team-b submits nothing: team-a borrows its quota; whole-node jobs that free GPUs spread
+    over nodes would keep waiting start once small jobs move (`defrag.py`). (95% on the
+    committed 1,500-job traces is checked on the bench's results below.)"""
+    jobs = two_teams(32, seed=3, jobs=300, ratio=float("inf"), load=1.0)
+    queues = validate_queue_config(
+        {
+            "cohorts": ["research"],
+            "queues": {
+                "team-a": {"cohort": "research", "nominal": {"GPU": 16}, "order": "las"},
+                "team-b": {"cohort": "research", "nominal": {"GPU": 16}, "order": "las"},
+            },
+        }
+    )
+    nodes = [Node(f"n{i:04d}", {"GPU": 8.0}) for i in range(4)]
+    fair = {"team-a": 0.5, "team-b": 0.5}
+    moving, still = (
+        summarize(
+            simulate(Policy(nodes, queues=queues, move_after_s=after), jobs, SimConfig(4, 8), False), 32, fair
+        )
+        for after in (600.0, float("inf"))
+    )
+    # with moves, GPUs idle while jobs wait only when every waiting job needs more than is free
+    assert moving["utilisation_while_waiting"] + moving["idle_short_while_waiting"] >= 0.99
+    assert still["utilisation_while_waiting"] + still["idle_short_while_waiting"] < 0.95
+    assert moving["utilisation_while_waiting"] > still["utilisation_while_waiting"] + 0.02
+    assert moving["preemptions_per_job"] <= 2
+
+
 def test_scheduler_sim_trace_flag_writes_the_table(tmp_path):
     out = tmp_path / "table.json"
     result = subprocess.run(
@@ -105,8 +135,7 @@ def test_scheduler_sim_trace_flag_writes_the_table(tmp_path):
 
 
 def test_committed_trace_results_meet_the_targets_they_claim():
-    """bench/results/scheduler_traces.json, as docs/scheduler.md quotes it (see its notes for
-    the target it misses: utilisation while jobs wait with an idle team's quota)."""
+    """bench/results/scheduler_traces.json, as docs/scheduler.md quotes it."""
     record = json.loads((ROOT / "bench" / "results" / "scheduler_traces.json").read_text())
     assert (
         record["commit"]
@@ -120,6 +149,8 @@ def test_committed_trace_results_meet_the_targets_they_claim():
         assert target["p99_jct_las_over_fifo"] <= 1.5 and target["utilisation_las_minus_fifo"] >= 0, name
         assert target["preemptions_per_job"] <= 2, name
     assert record["targets"]["fair_share"]["min_share_while_both_wait"] >= 0.45
+    assert record["targets"]["fair_share"]["idle_quota_utilisation_while_waiting"] >= 0.95
+    assert record["targets"]["fair_share"]["idle_quota_utilisation_over_seeds"]["min"] >= 0.95
     assert record["targets"]["timing"]["wall_s"] < 60 and record["targets"]["timing"]["decision_p99_ms"] < 10
     markdown = (ROOT / "bench" / "results" / "scheduler_traces.md").read_text()
     assert "## tiresias-60" in markdown and "## Targets" in markdown

@@ -185,6 +185,25 @@ def test_bad_field_is_named_with_reason(mutate, path, words):
     assert any(words in p for p in matching), f"{words!r} not in {matching}"
 
 
+def test_on_straggler_restart_excluding_node_is_accepted():
+    assert validate(copy.deepcopy(BASE)).fault_tolerance.on_straggler == "warn"  # the default
+    raw = copy.deepcopy(BASE)
+    raw["fault_tolerance"] = {"on_straggler": "restart_excluding_node", "hang_timeout_s": 30}
+    tolerance = validate(raw).fault_tolerance
+    assert tolerance.on_straggler == "restart_excluding_node" and tolerance.hang_timeout_s == 30
+
+
+def test_a_bad_on_straggler_names_the_field_and_exits_2(cli):
+    spec = str(ROOT / "jobs/convnet.yaml")
+    result = cli("validate", spec, "--set", "fault_tolerance.on_straggler=restart_elsewhere")
+    assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line == (
+        f"error: {spec}: fault_tolerance.on_straggler: 'restart_elsewhere' is not allowed;"
+        " expected 'warn' or 'restart_excluding_node'"
+    )
+
+
 def test_every_problem_is_reported_not_just_the_first():
     raw = copy.deepcopy(BASE)
     raw["train"]["stpes"] = 3

@@ -23,6 +23,7 @@ import prometheus_client
 import pytest
 
 from core.ledger import BUCKETS, LOST, STALLED, STOPPING, Goodput, Ledger, cluster_goodput
+from orchestrator.commands.queue import queue_lines
 from orchestrator.monitoring import web
 from orchestrator.monitoring.web import make_app, serve
 
@@ -38,6 +39,49 @@ DASHBOARD = "http://127.0.0.1:8265"
 HOSTILE_NAME = "<img src=x onerror=alert(1)>"
 HOSTILE_NOTE = "<script>window.__pwned = true</script> waiting for <b>8 GPU</b>"
 HOSTILE_URI = 's3://bucket/"><img src=x onerror=alert(2)>/checkpoint_000200'
+HOSTILE_QUEUE = "<img src=x onerror=alert(6)>"
+
+
+def _use(cohort, used, nominal, borrowed, lent, order="fifo") -> dict:
+    """One queue's entry in `queues_view()["use"]`."""
+    return {
+        "cohort": cohort,
+        "used": used,
+        "nominal": nominal,
+        "borrowed": borrowed,
+        "lent": lent,
+        "order": order,
+    }
+
+
+# /api/info's "queues" as the service's `queues_view()` builds it (checked against CohortBook):
+# the applied configuration, defaults left out, and each queue's use now. research runs 8 GPU
+# on a nominal 4 and borrows 4 of the cohort's unused quota; vision and nlp lend it in
+# proportion to what each leaves unused (7 and 4 of 11). batch is in no cohort: a hard cap.
+QUEUES = {
+    "config": {
+        "cohorts": ["lab"],
+        "queues": {
+            "research": {
+                "cohort": "lab",
+                "nominal": {"GPU": 4.0},
+                "borrowing_limit": {"GPU": 8.0},
+                "order": "las",
+            },
+            "vision": {"cohort": "lab", "nominal": {"GPU": 12.0}},
+            "nlp": {"cohort": "lab", "nominal": {"GPU": 4.0}},
+            "batch": {"nominal": {"CPU": 64.0, "GPU": 2.0}},
+            "scratch": {"order": "las"},
+        },
+    },
+    "use": {
+        "research": _use("lab", {"GPU": 8.0}, {"GPU": 4.0}, {"GPU": 4.0}, {"GPU": 0.0}, "las"),
+        "vision": _use("lab", {"GPU": 5.0}, {"GPU": 12.0}, {"GPU": 0.0}, {"GPU": 7 * 4 / 11}),
+        "nlp": _use("lab", {"GPU": 0.0}, {"GPU": 4.0}, {"GPU": 0.0}, {"GPU": 4 * 4 / 11}),
+        "batch": _use(None, {"CPU": 8.0, "GPU": 0.0}, {"CPU": 64.0, "GPU": 2.0}, {}, {}),
+        "scratch": _use(None, {}, {}, {}, {}, "las"),
+    },
+}
 
 
 # --- a fake orchestrator service --------------------------------------------------------------------
@@ -127,8 +171,10 @@ class FakeService:
     EVAL_EVERY = 1000
     CHECKPOINT_EVERY = 2000
 
-    def __init__(self, hostile: bool = False, steps_done: int = 8000):
+    def __init__(self, hostile: bool = False, steps_done: int = 8000, queues: dict | None = None):
         self.lock = threading.Lock()
+        self.queues = queues  # /api/info's "queues": None while no queue configuration is applied
+        self.info_calls = 0
         self.rng = random.Random(7)
         self.metrics_calls: list[tuple[str, int]] = []
         self.jobs: dict[str, dict] = {}
@@ -491,6 +537,7 @@ class FakeService:
 
     def info(self) -> dict:
         with self.lock:
+            self.info_calls += 1
             counts: dict[str, int] = {}
             for job in self.jobs.values():
                 counts[job["state"]] = counts.get(job["state"], 0) + 1
@@ -509,6 +556,7 @@ class FakeService:
                     "total": {"CPU": 256.0, "GPU": 32.0, "memory": 2048 * 2**30, "node:10.0.0.5": 1.0},
                     "busy": {"CPU": 144.0, "GPU": 14.0, "memory": 640 * 2**30},
                 },
+                "queues": json.loads(json.dumps(self.queues)),
             }
 
     def queue(self) -> list[dict]:
@@ -1029,6 +1077,169 @@ def test_spec_strings_are_shown_as_text_never_as_markup(browser):
         assert page_errors(browser) == []
     finally:
         browser.set_window_size(1400, 900)
+        server.stop()
+
+
+READ_QUEUES = """
+const text = (node) => (node ? node.textContent : null);
+return [...document.querySelectorAll('#queues-body tr')].map(tr => ({
+  name: text(tr.querySelector('.name')), key: tr.dataset.queue,
+  cohort: text(tr.querySelector('.cohort')), order: text(tr.querySelector('.order')),
+  use: [...tr.querySelectorAll('.quota')].map(line => ({
+    resource: text(line.querySelector('.res-name')), value: text(line.querySelector('.res-value')),
+    width: line.querySelector('.quota-bar').getBoundingClientRect().width,
+    parts: Object.fromEntries([...line.querySelectorAll('.seg')].map(
+      s => [s.dataset.part, s.getBoundingClientRect().width])),
+  })),
+  useText: text(tr.querySelector('.use')),
+  extra: [...tr.querySelectorAll('.extra div')].map(text),
+  limit: text(tr.querySelector('.limit')),
+}));
+"""
+
+
+def line_from_page(row: dict) -> str:
+    """`queue_lines`'s line for a queue, rebuilt from the page's row: the CLI's words around
+    the numbers the page shows."""
+    where = {"hard cap": "cap", "—": ""}.get(row["cohort"], f"cohort {row['cohort']}")
+    kind = ", ".join(filter(None, [where, row["order"] if row["order"] != "fifo" else ""]))
+    use = ", ".join(f"{u['value'].replace(' / ', '/')} {u['resource']}" for u in row["use"]) or row["useText"]
+    return f"queue {row['name']} ({kind}): {use}" + (f"; {', '.join(row['extra'])}" if row["extra"] else "")
+
+
+def queues_panel_shown(browser) -> bool:
+    return browser.find_element("id", "queues").is_displayed()
+
+
+def test_queues_panel_shows_use_quota_and_borrowing_as_the_cli_does(browser):
+    source = FakeService(queues=QUEUES)
+    server, url = serve(make_app(source), "127.0.0.1", 0)
+    try:
+        assert fetch_json(url + "api/info")[1]["queues"] == QUEUES  # passed on as the service gives it
+        browser.get_log("browser")  # start from a clean console
+        browser.get(url)
+        wait_for(
+            lambda: len(browser.find_elements("css selector", "#queues-body tr")) == len(QUEUES["use"]),
+            what="a row per queue",
+        )
+        assert queues_panel_shown(browser)
+        assert browser.find_element("id", "queues-count").text == "5"
+        rows = browser.execute_script(READ_QUEUES)
+        assert [row["name"] for row in rows] == sorted(QUEUES["use"])  # the CLI's order
+        shown = {row["name"]: row for row in rows}
+
+        # the fake's numbers, as the page writes them
+        for name, q in QUEUES["use"].items():
+            row = shown[name]
+            assert row["order"] == q["order"], name
+            assert [(u["resource"], u["value"]) for u in row["use"]] == [
+                (r, f"{q['used'][r]:g} / {n:g}") for r, n in q["nominal"].items()
+            ], name
+        research, vision, nlp, batch, scratch = (
+            shown[n] for n in ("research", "vision", "nlp", "batch", "scratch")
+        )
+        assert (research["cohort"], research["use"][0]["value"]) == ("lab", "8 / 4")
+        assert research["extra"] == ["borrows 4 GPU"] and research["limit"] == "8 GPU"
+        assert vision["extra"] == ["lends 2.54545 GPU"] and nlp["extra"] == ["lends 1.45455 GPU"]
+        assert vision["limit"] == nlp["limit"] == "—"  # no limit but the cohort's unused quota
+        assert batch["cohort"] == "hard cap" and batch["extra"] == [] and batch["limit"] == "—"
+        assert [u["value"] for u in batch["use"]] == ["8 / 64", "0 / 2"]
+        assert scratch["use"] == [] and scratch["useText"] == "no quota"
+
+        # each bar: use within the quota, beyond it and lent, against the larger of use and quota
+        def fractions(line):
+            return {part: width / line["width"] for part, width in line["parts"].items()}
+
+        assert research["use"][0]["width"] > 100
+        assert fractions(research["use"][0]) == pytest.approx(
+            {"within": 0.5, "borrowed": 0.5, "lent": 0}, abs=0.01
+        )
+        assert fractions(vision["use"][0]) == pytest.approx(
+            {"within": 5 / 12, "borrowed": 0, "lent": 7 * 4 / 11 / 12}, abs=0.01
+        )
+        assert fractions(nlp["use"][0]) == pytest.approx(
+            {"within": 0, "borrowed": 0, "lent": 4 / 11}, abs=0.01
+        )
+        assert fractions(batch["use"][1]) == pytest.approx({"within": 0, "borrowed": 0, "lent": 0}, abs=0.01)
+
+        # and `orchestrator queue` says the same, line for line
+        assert [line_from_page(row) for row in rows] == queue_lines(QUEUES)
+        assert page_errors(browser) == []
+    finally:
+        server.stop()
+
+
+def test_queue_names_are_shown_as_text_never_as_markup(browser):
+    cohort, resource = "<b>lab</b>", "<i>GPU</i>"
+    hostile = {
+        "config": {
+            "cohorts": [cohort],
+            "queues": {
+                HOSTILE_QUEUE: {
+                    "cohort": cohort,
+                    "nominal": {resource: 2.0},
+                    "borrowing_limit": {resource: 1.0},
+                }
+            },
+        },
+        "use": {
+            HOSTILE_QUEUE: {
+                "cohort": cohort,
+                "used": {resource: 3.0},
+                "nominal": {resource: 2.0},
+                "borrowed": {resource: 1.0},
+                "lent": {resource: 0.0},
+                "order": "<script>window.__pwned = true</script>",
+            }
+        },
+    }
+    source = FakeService(queues=hostile)
+    server, url = serve(make_app(source), "127.0.0.1", 0)
+    try:
+        browser.get_log("browser")  # start from a clean console
+        browser.get(url)
+        wait_for(lambda: browser.find_elements("css selector", "#queues-body tr"), what="the queue's row")
+        [row] = browser.execute_script(READ_QUEUES)
+        assert row["name"] == row["key"] == HOSTILE_QUEUE and row["cohort"] == cohort
+        assert row["order"] == "<script>window.__pwned = true</script>"
+        assert [(u["resource"], u["value"]) for u in row["use"]] == [(resource, "3 / 2")]
+        assert row["extra"] == [f"borrows 1 {resource}"] and row["limit"] == f"1 {resource}"
+        assert HOSTILE_QUEUE in browser.find_element("id", "queues").text
+        markup = "return document.querySelectorAll('img, b, i, #queues script').length"
+        assert browser.execute_script(markup) == 0
+        assert browser.execute_script("return window.__pwned === undefined") is True
+        assert page_errors(browser) == []
+    finally:
+        server.stop()
+
+
+def test_queues_panel_is_hidden_without_a_queue_configuration(browser):
+    source = FakeService()  # no queue configuration applied: "queues" is None
+
+    def after_a_fresh_poll():
+        """Wait until the page has drawn a poll that began after now."""
+        calls = source.info_calls
+        wait_for(lambda: source.info_calls >= calls + 2, what="two more polls")
+
+    server, url = serve(make_app(source), "127.0.0.1", 0)
+    try:
+        browser.get(url)
+        wait_for(lambda: browser.find_elements("css selector", "#queue-body tr"), what="the jobs")
+        assert not queues_panel_shown(browser)
+        assert browser.find_elements("css selector", "#queues-body tr") == []
+        with source.lock:  # `orchestrator queues apply`: the panel appears without a reload
+            source.queues = QUEUES
+        wait_for(lambda: queues_panel_shown(browser), what="the panel to appear")
+        with source.lock:  # a configuration without queues shows nothing either
+            source.queues = {"config": {"cohorts": ["lab"]}, "use": {}}
+        wait_for(lambda: not queues_panel_shown(browser), what="the panel to go")
+        assert browser.find_elements("css selector", "#queues-body tr") == []
+        with source.lock:
+            source.queues = None
+        after_a_fresh_poll()
+        assert not queues_panel_shown(browser)
+        assert browser.find_element("id", "queues-count").text == ""
+    finally:
         server.stop()
 
 

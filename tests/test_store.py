@@ -50,6 +50,18 @@ def test_a_record_of_a_newer_version_still_loads(tmp_path):
     assert JobRecord.from_json(data) == record()
 
 
+def test_the_nodes_a_job_avoids_survive_a_restart_and_reach_the_policy(tmp_path):
+    from orchestrator.scheduler.cycle import request
+
+    Store(str(tmp_path)).save(record(avoid_nodes=["node-b"]))
+    again = Store(str(tmp_path)).load_all()["job-1"]  # as a restarted service loads it
+    assert again.avoid_nodes == ["node-b"]
+    assert request(again).avoid_nodes == frozenset({"node-b"})
+    older = {k: v for k, v in record().to_json().items() if k != "avoid_nodes"}  # before the field
+    assert JobRecord.from_json(older).avoid_nodes == []
+    assert request(JobRecord.from_json(older)).avoid_nodes == frozenset()
+
+
 def test_states(tmp_path):
     assert JobState.PREEMPTED.is_pending and JobState.QUEUED.is_pending
     assert JobState.STOPPING.holds_resources and not JobState.STOPPING.is_terminal

@@ -4,8 +4,12 @@ The tests' Ray cluster sets `ORCHESTRATOR_TEST_FAULTS` to a folder; a job whose 
 file there reads its faults from it, one `key=value` a line:
 
     hang_at_step=20        every rank's data source blocks for good before step 20 (first start
-                           of the worker group only: the restart after the hang trains on)
+                           of the worker group only: the restart after the hang trains on);
+                           hang_at_step=1 blocks before the first step
     slow_rank=1:0.05       rank 1 sleeps 0.05 s in the compute phase of every step
+    slow_node=1:0.05       a slow machine: the node rank 1 first runs on (kept in the file
+                           `<job name>.slow-node` beside this one) is slow for good, and whichever
+                           rank runs there, in any attempt, sleeps 0.05 s in every step's compute
 
 Nothing in the product sets the variable, and the spec has no setting for it.
 """
@@ -56,11 +60,28 @@ def apply(trainer, job_name: str) -> None:
         hang_at = int(faults["hang_at_step"])
         iterate = trainer.batches.iterate
         trainer.batches.iterate = lambda start: blocking_data_source(iterate(start), start, hang_at)
+    slow = None
     if "slow_rank" in faults:
         rank, seconds = faults["slow_rank"].split(":")
-        if int(rank) == ctx.rank:
-            inner = getattr(trainer.model, "module", trainer.model)
-            inner.register_forward_pre_hook(lambda module, args: _slow_compute(float(seconds)))
+        slow = float(seconds) if int(rank) == ctx.rank else None
+    if "slow_node" in faults:
+        rank, seconds = faults["slow_node"].split(":")
+        slow = float(seconds) if _on_slow_node(job_name, int(rank) == ctx.rank) else None
+    if slow is not None:
+        inner = getattr(trainer.model, "module", trainer.model)
+        inner.register_forward_pre_hook(lambda module, args: _slow_compute(slow))
+
+
+def _on_slow_node(job_name: str, chooses: bool) -> bool:
+    """Whether this worker runs on the job's slow node; the first worker that `chooses` (rank
+    N of the first start) makes its own node the slow one."""
+    import ray  # only the tests' Ray workers get here
+
+    here = ray.get_runtime_context().get_node_id()
+    memory = Path(os.environ[ENV], f"{job_name}.slow-node")
+    if not memory.exists() and chooses:
+        memory.write_text(here)
+    return memory.exists() and memory.read_text().strip() == here
 
 
 def _slow_compute(seconds: float) -> None:

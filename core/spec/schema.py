@@ -235,13 +235,15 @@ class FaultToleranceSpec(Section):
         None,
         ge=5.0,
         le=7 * 86400.0,
-        description="no step progress for this long (outside checkpoints and evaluations) is a "
-        "hang; None: max(120 s, 10 x the attempt's p95 time between logged steps)",
+        description="no step progress for this long (outside checkpoints and evaluations), or no "
+        "first step for this long after a worker group started, is a hang; None: max(120 s, 10 x "
+        "the attempt's p95 time between logged steps), and max(600 s, that) before the first step",
     )
-    # only `warn` so far: restarting a job away from a slow node needs the policy to avoid
-    # nodes per job (docs/monitoring.md, "Stragglers")
-    on_straggler: Literal["warn"] = Field(
-        "warn", description="what follows a rank whose compute is 20% over the median rank's"
+    # docs/monitoring.md, "Stragglers"
+    on_straggler: Literal["warn", "restart_excluding_node"] = Field(
+        "warn",
+        description="what follows a rank whose compute is 20% over the median rank's: warn, or "
+        "also checkpoint and restart the job on nodes other than the straggler's",
     )
 
 

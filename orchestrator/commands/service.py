@@ -97,6 +97,15 @@ def register(sub) -> None:
         help="seconds an elastic job runs at one size before it may grow into free room, so that a "
         "restart is paid back (default 120)",
     )
+    up.add_argument(
+        "--move-after",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds a preemptible job runs before it may be moved (checkpointed and started again "
+        "on another node) to make room for a job that free resources spread over nodes keep waiting; "
+        "'inf' never moves jobs (default 600)",
+    )
     up.set_defaults(handler=with_cluster_errors(handle_up))
 
     down = sub.add_parser("down", help="stop the orchestrator service (and the Ray head `up` started)")
@@ -199,8 +208,12 @@ def handle_up(args) -> int:
     state = {"address": address, "started_head": False}
     if address and address == recorded.get("address"):
         state = dict(recorded)  # a head an earlier `up` started stays ours to stop on `down`
-    for flag, value in (("--node-loss-wait", args.node_loss_wait), ("--grow-after", args.grow_after)):
-        if value < 0:
+    for flag, value in (
+        ("--node-loss-wait", args.node_loss_wait),
+        ("--grow-after", args.grow_after),
+        ("--move-after", args.move_after),
+    ):
+        if not value >= 0:  # NaN too
             raise UsageError(f"{flag} {value:g}: must be 0 or more seconds")
     quotas, queues = parse_quotas(args.quota), None
     if args.queues:  # SpecError: one line per problem, exit 2, before anything starts
@@ -249,6 +262,7 @@ def handle_up(args) -> int:
             "start_deadline_s": args.start_deadline,
             "node_loss_wait_s": args.node_loss_wait,
             "grow_after_s": args.grow_after,
+            "move_after_s": args.move_after,
             "autoscaler": autoscaler,
             "web_host": args.metrics_host,
             "web_port": args.metrics_port,

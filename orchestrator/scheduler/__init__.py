@@ -8,13 +8,16 @@ Pure policy (no Ray, so it can be simulated and property-tested; `bench/schedule
   "larger than the cluster" check made at submission.
 - `preemption`: which lower-priority preemptible jobs to stop so that a job can start.
 - `policy`: one scheduling pass (`Policy.schedule`); `room`, the free room a pass hands out;
+  `victims`, whom it stops for its head (`defrag`: moves when free room is spread too thin);
   `elastic`, resizes and growing; `las` and `cohorts`, the queue orders and fair share.
 - `fifo`: `FifoPolicy`, the baseline.
 
 Ray side, imported on its own (never from here, so the pure modules stay importable without
 Ray): `actor.py`, the detached service actor and the calls it answers; `cycle.py`, its
 scheduling pass; `lifecycle.py`, every change of a job's state; `store.py`, the durable job
-table; `submission.py`, `live.py`, `runner.py`, `client.py`. Design notes: docs/scheduler.md.
+table; `progress.py`, a driver's report folded in; `health.py`, what the service does about
+hangs and stragglers; `views.py`, what it shows; `submission.py`, `live.py`, `runner.py`,
+`client.py`. Design notes: docs/scheduler.md.
 """
 
 from orchestrator.scheduler.admission import (

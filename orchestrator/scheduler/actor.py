@@ -6,6 +6,9 @@
                                                                     |  Lifecycle (lifecycle.py)
                                                                     |  Store (store.py: job files)
                                                                     |  JobRunner (Ray Jobs API)
+                                                                    |  progress.py (drivers' reports)
+                                                                    |  Health (health.py: hangs, stragglers)
+                                                                    |  Views (views.py: what is shown)
 
 This file is the service's surface: the calls the CLI and the drivers make, each under one
 lock. A scheduling pass (`cycle.py`) runs every `tick_s` on a thread of the actor; every change
@@ -21,7 +24,6 @@ waiting; a job whose driver died is started again from its package by the servic
 
 from __future__ import annotations
 
-import functools
 import logging
 import secrets
 import threading
@@ -31,28 +33,26 @@ from typing import Any
 
 import ray
 
-from core import metrics_log, run_folder, storage
+from core import metrics_log, run_folder
 from core.jobs import JobState
-from core.ledger import cluster_goodput
 from core.queues import QueueConfig, validate_queue_config
 from core.records import STEP
-from core.run_folder import checkpoint_step
 from core.spec import JobSpec, SpecError, validate
 from orchestrator.monitoring.exporter import registry_for
 from orchestrator.monitoring.page_view import PageView, process_info
 from orchestrator.monitoring.web import make_app, serve
 from orchestrator.ray.autoscaler import detected_config
 from orchestrator.ray.cluster import read_token
-from orchestrator.scheduler import stacks
-from orchestrator.scheduler.admission import add, scale
-from orchestrator.scheduler.cohorts import CohortBook
-from orchestrator.scheduler.cycle import SchedulingCycle, allocation, request
+from orchestrator.scheduler.cycle import SchedulingCycle, request
+from orchestrator.scheduler.health import Health
 from orchestrator.scheduler.lifecycle import Lifecycle
 from orchestrator.scheduler.live import LiveMetrics
 from orchestrator.scheduler.policy import Policy
-from orchestrator.scheduler.runner import JobRunner, submission_id
+from orchestrator.scheduler.progress import fold
+from orchestrator.scheduler.runner import JobRunner
 from orchestrator.scheduler.store import JobRecord, Store
 from orchestrator.scheduler.submission import new_job_id, new_record, unpack
+from orchestrator.scheduler.views import Views
 from orchestrator.scheduler.watchdog import Watchdog
 
 SERVICE_NAME = "orchestrator"
@@ -76,6 +76,7 @@ class ServiceConfig:
     # nodes dead meanwhile (then it is requeued): Ray's health check period x failure threshold
     node_loss_wait_s: float = 8.0
     grow_after_s: float = 120.0  # an elastic job runs this long at one size before it may grow
+    move_after_s: float = 600.0  # a preemptible job runs this long before it may move for room
     autoscaler: dict | None = None  # node types an autoscaler may add (orchestrator/ray/autoscaler.py)
     quotas: dict[str, dict[str, float]] = field(default_factory=dict)
     backfill: bool = True
@@ -107,6 +108,10 @@ class OrchestratorService:
         self._closing = threading.Event()
         self._wake = threading.Event()  # a submission schedules at once, not at the next tick
         self.token = read_token()  # jobs over HTTP (`POST /api/jobs`) must carry the cluster's token
+        self.health = Health(
+            self.lifecycle, self.cycle, self.watchdog, self.lock, self.config.dashboard, self.token
+        )
+        self.views = Views(self.jobs, self.live, self.watchdog, self.cycle)
         self.page, self.page_url = None, None
         try:
             self.page, self.page_url = serve(
@@ -137,6 +142,7 @@ class OrchestratorService:
             backfill=self.config.backfill,
             preemption=self.config.preemption,
             grow_after_s=self.config.grow_after_s,
+            move_after_s=self.config.move_after_s,
             queues=queues,
         )
 
@@ -171,24 +177,7 @@ class OrchestratorService:
         """The queue configuration (as written: defaults left out) and each queue's use now
         (None: no configuration)."""
         with self.lock:
-            config = self.policy.queue_config
-            if config is None:
-                return None
-            running = [allocation(j) for j in self.jobs.values() if j.state.holds_resources]
-            use = CohortBook(config, running).report()
-            for name, queue in config.queues.items():
-                if name not in use:  # a hard cap, or a queue with an order only
-                    mine = [a for a in running if a.queue == name]
-                    used = {r: sum(a.per_worker.get(r, 0.0) * a.workers for a in mine) for r in queue.nominal}
-                    use[name] = {
-                        "cohort": None,
-                        "used": used,
-                        "nominal": dict(queue.nominal),
-                        "borrowed": {},
-                        "lent": {},
-                    }
-                use[name]["order"] = queue.order
-            return {"config": config.model_dump(mode="json", exclude_defaults=True), "use": use}
+            return self.views.queues()
 
     def _new_record(self, spec: JobSpec, options: dict, launched_by: str) -> JobRecord:
         job_id = options.get("job_id") or new_job_id(spec.name)
@@ -227,7 +216,7 @@ class OrchestratorService:
             now = time.time() if now is None else now
             self.store.renew_lease(self.owner, self.generation, now)
             self.cycle.run(now)
-            self._check_hangs(now)
+            self.health.check_hangs(now)
         self.last_pass_s = time.perf_counter() - started
 
     # -- submitting ----------------------------------------------------------------------------
@@ -313,29 +302,8 @@ class OrchestratorService:
                 # requeued (a node of its died) or replaced: the attempt ends now, no checkpoint
                 return {"stop": "abort", "reason": f"the job is {job.state.value} (attempt {job.attempt})"}
             live = self.live.setdefault(job_id, LiveMetrics())
-            if progress.get("rewound"):
-                live.clear()
-            live.add(progress.get("records") or [])
-            self._account(job, progress)
-            self.watchdog.observe(job, progress, time.time())
-            if progress.get("ranks") is not None:
-                live.ranks = dict(progress["ranks"])
-            if progress.get("restarts") is not None:
-                live.restarts = int(progress["restarts"])
-            changed = False
-            for key in ("step", "total_steps", "step_time_s"):
-                if progress.get(key) is not None and getattr(job, key) != progress[key]:
-                    setattr(job, key, progress[key])
-                    changed = key != "step_time_s" or changed
-            if progress.get("checkpoint") and progress["checkpoint"] != job.last_checkpoint:
-                job.last_checkpoint = progress["checkpoint"]
-                changed = True
-            start = progress.get("start_step")
-            if start and job.attempt == 1 and "resuming" not in (e["event"] for e in job.history):
-                # a job run again under a name whose run has checkpoints continues that run
-                job.log("resuming", run=job.run, step=start)
-                changed = True
-            changed = self._stragglers(job) or changed
+            changed = fold(job, progress, live, self.watchdog)
+            changed = self.health.stragglers(job, time.time()) or changed  # may ask it to stop
             if progress.get("workers_started") and job.state is JobState.ADMITTED:
                 self.lifecycle.mark_running(job, attempt)  # saves
             elif changed:
@@ -353,24 +321,8 @@ class OrchestratorService:
                 # a late report of an attempt already accounted for: it knows its last step
                 self.lifecycle.correct_node_loss(job, attempt, summary)
                 return self._view(job)
-            job.summary = summary
-            if job.ledger is not None and summary.get("checkpoint"):
-                job.ledger.checkpointed(checkpoint_step(summary["checkpoint"]))
-            job.step = summary.get("steps") or job.step
-            job.last_checkpoint = summary.get("checkpoint") or job.last_checkpoint
             lost = self.cycle.lost_nodes(job) if outcome == "failed" else []  # else every rank finished
-            if lost:
-                self.lifecycle.node_lost(job, lost, now)
-            elif outcome == "failed" and summary.get("retryable"):
-                self.lifecycle.hold_failure(job, summary, now)
-            elif outcome == "preempted":
-                self.lifecycle.preempted(job, now, acknowledged=True)
-            elif outcome == "stopped":
-                self.lifecycle.finish(job, JobState.STOPPED, now, reason=f"stopped at step {job.step}")
-            elif outcome == "succeeded":
-                self.lifecycle.finish(job, JobState.SUCCEEDED, now)
-            else:
-                self.lifecycle.finish(job, JobState.FAILED, now, reason=summary.get("reason") or outcome)
+            self.lifecycle.attempt_ended(job, outcome, summary, lost, now)
             return self._view(job)
 
     def fail(self, job_id: str, reason: str) -> dict:
@@ -388,21 +340,7 @@ class OrchestratorService:
         """Checkpoint and stop a job (a queued one just leaves the queue); `now`: kill it."""
         with self.lock:
             job = self._job(job_id)
-            t = time.time()
-            if job.state.is_terminal:
-                return self._view(job)
-            runner = self.lifecycle.runner
-            if job.state.is_pending:
-                self.lifecycle.finish(job, JobState.STOPPED, t, reason="stopped while queued")
-                if job.submission_id:  # a driver waiting for admission
-                    runner.stop(job.submission_id)
-            elif now:
-                if job.submission_id:
-                    runner.stop(job.submission_id)
-                job.steps_lost += self.lifecycle.steps_since_checkpoint(job)
-                self.lifecycle.finish(job, JobState.STOPPED, t, reason="stopped at once (--now)")
-            else:
-                self.lifecycle.request_stop(job, "stop", t)
+            self.lifecycle.stop(job, time.time(), at_once=now)
             return self._view(job)
 
     def preempt(self, job_id: str) -> dict:
@@ -416,8 +354,7 @@ class OrchestratorService:
 
     def queue(self, include_finished: bool = False) -> list[dict]:
         with self.lock:
-            jobs = [j for j in self.jobs.values() if include_finished or not j.state.is_terminal]
-            return [self._view(j, history=False) for j in sorted(jobs, key=_queue_order)]
+            return self.views.queue(include_finished)
 
     def status(self, job_id: str) -> dict:
         with self.lock:
@@ -429,27 +366,14 @@ class OrchestratorService:
 
     def info(self) -> dict:
         with self.lock:
-            counts: dict[str, int] = {}
-            for j in self.jobs.values():
-                counts[j.state.value] = counts.get(j.state.value, 0) + 1
             return {
                 "status_page": self.page_url,
-                "resources": {"total": self._total(), "busy": self._busy()},
                 "generation": self.generation,
                 "store": self.config.store,
                 "dashboard": self.config.dashboard,
                 "started_at": self.started_at,
-                "nodes": len(self.nodes),
-                "draining": sorted(self.cycle.draining),
-                "node_events": list(self.cycle.node_events),
-                # nodes the autoscaler may still add, by type, and what it was asked for (None: no autoscaler)
-                "autoscaler": None
-                if self.cycle.node_types is None
-                else {"may_add": dict(self.cycle.scale_left), "asked_for": dict(self.cycle.scaling_for)},
-                "jobs": counts,
-                "goodput": self._cluster_goodput(time.time()),
-                "queues": self.queues_view(),
                 "last_pass_s": self.last_pass_s,
+                **self.views.cluster(),  # nodes, resources, jobs by state, goodput, queues, ...
                 "process": process_info(),  # the control plane never loads torch: see for yourself
             }
 
@@ -464,36 +388,10 @@ class OrchestratorService:
 
     # -- monitoring ----------------------------------------------------------------------------
 
-    def _total(self) -> dict[str, float]:
-        return functools.reduce(add, (node.capacity for node in self.nodes), {})
-
-    def _busy(self) -> dict[str, float]:
-        held = (scale(j.per_worker, j.workers) for j in self.jobs.values() if j.state.holds_resources)
-        return functools.reduce(add, held, {})
-
     def exporter_snapshot(self) -> dict[str, Any]:
         """What the Prometheus collector reads at each scrape (see monitoring/exporter.py)."""
         with self.lock:
-            jobs = []
-            for job in self.jobs.values():
-                view = self._view(job, history=False)
-                live = self.live.get(job.id)
-                view.update(live.snapshot() if live else {})
-                view["straggler_ratios"] = self.watchdog.ratios(job.id) if job.state.holds_resources else []
-                watch = self.watchdog.watches.get(job.id) if job.state.holds_resources else None
-                view["hung"] = bool(watch is not None and watch.clock.fired)  # until it steps again
-                view["restarts"] = (live.restarts if live else 0) + sum(
-                    1 for e in job.history if e["event"] == "driver-exited"
-                )
-                jobs.append(view)
-            nodes = [{"id": n.id, "capacity": dict(n.capacity)} for n in self.nodes]
-            return {
-                "jobs": jobs,
-                "nodes": nodes,
-                "busy": self._busy(),
-                "nodes_lost": self.cycle.nodes_lost,
-                "goodput": self._cluster_goodput(time.time()),
-            }
+            return self.views.exporter_snapshot()
 
     def metrics_since(self, job_id: str, since_step: int) -> list[dict]:
         """A job's metrics records after `since_step`: from memory while it reports, else from its
@@ -518,104 +416,7 @@ class OrchestratorService:
         except OSError:
             return []
 
-    # -- hangs and stragglers (docs/monitoring.md) ----------------------------------------------
-
-    def _check_hangs(self, now: float) -> None:
-        """Running jobs without step progress for longer than their hang timeout: their stacks
-        are taken and their ranks ended (Ray Train restarts them from the newest checkpoint)
-        on a thread of their own, so that scheduling goes on meanwhile."""
-        for job, watch, timeout in self.watchdog.hung(list(self.jobs.values()), now):
-            stalled = watch.clock.stalled_s(now)
-            log.warning(
-                "%s: no step after %d for %.0f s (timeout %.0f s): hung", job.id, job.step, stalled, timeout
-            )
-            hang = dict(attempt=job.attempt, step=job.step, workers=dict(watch.workers), stalled_s=stalled)
-            threading.Thread(
-                target=self._on_hang, args=(job.id, hang, timeout), name=f"hang-{job.id}", daemon=True
-            ).start()
-
-    def _on_hang(self, job_id: str, hang: dict, timeout: float) -> None:
-        with self.lock:
-            job = self._job(job_id)
-            run_uri = run_folder.run_uri(job.spec, job.run)
-            folder = run_folder.hang_folder(run_uri, hang["attempt"], hang["step"])
-        taken = stacks.stacks(self.config.dashboard, self.token, hang["workers"])
-        try:
-            fs, path = storage.resolve(folder)
-            fs.create_dir(path, recursive=True)
-            for rank, text in taken.items():
-                with fs.open_output_stream(f"{path}/rank-{rank}.txt") as out:
-                    out.write(text.encode())
-        except OSError as err:
-            log.error("%s: cannot save the stacks of its hang in %s: %s", job_id, folder, err)
-        with self.lock:
-            job = self._job(job_id)
-            clock = self.watchdog.watches.get(job_id)
-            if job.attempt != hang["attempt"] or job.state is not JobState.RUNNING or clock is None:
-                return  # it ended or moved on meanwhile
-            if clock.clock.step != hang["step"]:
-                log.warning("%s stepped again while its stacks were taken: not restarted", job_id)
-                return
-            job.log(
-                "hung",
-                step=hang["step"],
-                stalled_s=round(hang["stalled_s"], 1),
-                timeout_s=round(timeout, 1),
-                stacks=folder,
-                ranks={str(rank): stacks.where(text) for rank, text in taken.items()},
-            )
-            self.lifecycle.save(job)
-        try:
-            stacks.kill(hang["workers"])
-        except Exception as err:
-            log.error("%s: cannot end its hung ranks: %s", job_id, err)
-
-    def _stragglers(self, job: JobRecord) -> bool:
-        """A `straggler` line in the job's history for each rank newly flagged (`on_straggler:
-        warn`, the one action so far). Returns whether the job changed."""
-        fresh = self.watchdog.new_stragglers(job.id)
-        for s in fresh:
-            log.warning(
-                "%s: rank %d computes %.2fx the median rank's (node %s)",
-                *(job.id, s["rank"], s["ratio"], s["node"]),
-            )
-            job.log("straggler", rank=s["rank"], node=s["node"], ip=s["ip"], ratio=round(s["ratio"], 3))
-        return bool(fresh)
-
     # -- helpers -------------------------------------------------------------------------------
-
-    def _mfu(self, job_id: str) -> float | None:
-        live = self.live.get(job_id)
-        return (live.latest or {}).get("mfu") if live is not None else None
-
-    def _cluster_goodput(self, now: float, since: float | None = None) -> dict:
-        """Goodput over the jobs in the table (those alive after `since`), each weighted by its
-        accelerators (docs/monitoring.md)."""
-        ledgers = [
-            (job.ledger, self._mfu(job.id))
-            for job in self.jobs.values()
-            if job.ledger is not None and (since is None or (job.finished_at or now) >= since)
-        ]
-        return cluster_goodput(ledgers, now).as_dict()
-
-    @staticmethod
-    def _account(job: JobRecord, progress: dict) -> None:
-        """A driver's report in the job's time ledger: the start of a run first (a resume below
-        the newest step reached rolls training back), then the records, then a new checkpoint."""
-        ledger, now = job.ledger, time.time()
-        if ledger is None:
-            return
-        batch = progress.get("records") or []
-        if int(progress.get("restarts") or 0):  # a worker group Ray Train restarted: a failure
-            ledger.regrouped([job.attempt, int(progress["restarts"])], now)
-        if progress.get("start_step") is not None:  # the run began before the records it sent
-            times = [r["time"] for r in batch if isinstance(r.get("time"), (int, float))]
-            run = [job.attempt, int(progress.get("restarts") or 0)]
-            ledger.began(run, progress["start_step"], min([now, *times]))
-        for record in batch:
-            ledger.record(record, now)
-        if progress.get("checkpoint") and progress["checkpoint"] != job.last_checkpoint:
-            ledger.checkpointed(checkpoint_step(progress["checkpoint"]))
 
     def _job(self, job_id: str) -> JobRecord:
         job = self.jobs.get(job_id)
@@ -624,27 +425,7 @@ class OrchestratorService:
         return job
 
     def _view(self, job: JobRecord, history: bool = True) -> dict[str, Any]:
-        view = job.to_json()
-        view.pop("spec")  # the typed spec stays here; views are plain JSON
-        view["ledger"] = job.ledger.view(time.time(), self._mfu(job.id)) if job.ledger is not None else None
-        if not history:
-            view.pop("history")
-        view["note"] = self.notes.get(job.id)
-        view["stragglers"] = self.watchdog.stragglers(job.id) if job.state.holds_resources else []
-        view["remaining_s"] = job.remaining_s
-        view["waited_s"] = job.waited(time.time())
-        res = job.spec.resources
-        view["elastic"] = [res.min_workers, res.max_workers] if res.elastic else None
-        # the Ray Job that runs it: a driver that waits through a preemption runs later attempts too
-        view["submission"] = job.submission_id or (
-            submission_id(job.id, job.attempt) if job.attempt else None
-        )
-        return view
-
-
-def _queue_order(job: JobRecord) -> tuple:
-    active = 0 if job.state.holds_resources else 1
-    return (active, -job.priority, job.submitted_at, job.id)
+        return self.views.job(job, history)
 
 
 def service_options() -> dict:

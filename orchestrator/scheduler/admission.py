@@ -2,7 +2,8 @@
 
 A placement is node id -> number of workers there. `place` packs a job the way that keeps
 large holes free for the jobs that need them: as few nodes as possible (the nodes with the
-most room first), and the last part on the node it fills most tightly (best fit).
+most room first), and the last part on the node it fills most tightly (best fit). A job never
+goes on the nodes it avoids (`JobRequest.avoid_nodes`): to it they are not there.
 """
 
 from __future__ import annotations
@@ -67,12 +68,16 @@ def place(job: JobRequest, free_by_node: Mapping[str, Mapping[str, float]]) -> d
 
     The job spans as few nodes as it can (nodes with room for the most workers first), and
     the remainder goes to the node with the least room that still holds it, so big holes stay
-    free for big jobs. Ties go to the smaller node id, so the result is deterministic.
+    free for big jobs. Ties go to the smaller node id, so the result is deterministic. The
+    nodes in `job.avoid_nodes` are skipped.
     """
     need = list(positive(job.per_worker).items())
+    avoid = job.avoid_nodes
     room = []
     total = 0
     for node_id, free in free_by_node.items():
+        if avoid and node_id in avoid:
+            continue
         # `slots` inlined: this loop is the hot path of a scheduling pass
         count = UNBOUNDED
         for name, amount in need:
@@ -129,28 +134,43 @@ def fits_cluster(job: JobRequest, nodes: Iterable[Node]) -> bool:
     return place(job, {node.id: node.capacity for node in nodes}) is not None
 
 
+def usable_nodes(job: JobRequest, nodes: Iterable[Node]) -> list[Node]:
+    """The nodes the job may be placed on: all but those it avoids."""
+    return [node for node in nodes if node.id not in job.avoid_nodes]
+
+
 def oversize_reason(job: JobRequest, nodes: Iterable[Node]) -> str | None:
     """None when the job fits the empty cluster; otherwise why not, in one sentence."""
+    why = oversize_why(job, nodes)
+    return None if why is None else f"job {job.id} {why}"
+
+
+def oversize_why(job: JobRequest, nodes: Iterable[Node]) -> str | None:
+    """`oversize_reason` without the job's id ("needs ..."): the same for every job of its
+    shape, so a policy may cache it per shape."""
     nodes = list(nodes)
     if fits_cluster(job, nodes):
         return None
     need = positive(job.per_worker)
     shape = f"{job.workers} worker(s) x ({format_resources(need)})"
+    avoided = len(nodes) - len(usable := usable_nodes(job, nodes))
+    if avoided:  # judged on the nodes it may use, and said so
+        shape += f" away from {avoided} node(s) it avoids"
+        nodes = usable
     if not nodes:
-        return f"job {job.id} needs {shape} but the cluster has no nodes"
+        return f"needs {shape} but the cluster has no nodes"
     if not any(slots(need, node.capacity, 1) for node in nodes):
         # the node that comes closest to holding one worker, to show what a node offers
         largest = max(nodes, key=lambda node: min(node.capacity.get(n, 0.0) / a for n, a in need.items()))
         offers = {name: largest.capacity.get(name, 0.0) for name in need}
         missing = [name for name in need if all(node.capacity.get(name, 0.0) <= 0 for node in nodes)]
         if missing:
-            return f"job {job.id} needs {shape} but no node has any {', '.join(missing)}"
+            return f"needs {shape} but no node has any {', '.join(missing)}"
         return (
-            f"job {job.id} needs {shape}, more than any single node offers"
+            f"needs {shape}, more than any single node offers"
             f" (node {largest.id} has {format_resources(offers)}); a worker cannot span nodes"
         )
     room = sum(slots(need, node.capacity, job.workers) for node in nodes)
     return (
-        f"job {job.id} needs {shape} but the whole cluster has room for only {room} such worker(s)"
-        f" ({len(nodes)} node(s))"
+        f"needs {shape} but the whole cluster has room for only {room} such worker(s) ({len(nodes)} node(s))"
     )

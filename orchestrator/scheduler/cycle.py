@@ -178,7 +178,13 @@ class SchedulingCycle:
                 trials[job.sweep] = trials.get(job.sweep, 0) + 1
             self.lifecycle.admit(job, placement, now)
         for job_id in decision.preempt:
-            self.lifecycle.request_stop(self.jobs[job_id], "preempt", now, by=decision.reserved_for)
+            # a move: the job starts again on other nodes, to give its node to the waiting job
+            by = (
+                f"{decision.reserved_for}, moving to other nodes"
+                if decision.moving
+                else decision.reserved_for
+            )
+            self.lifecycle.request_stop(self.jobs[job_id], "preempt", now, by=by)
         if self.node_types is not None:
             self.autoscale(decision, running, now)
         for job_id, size in decision.resize.items():  # checkpoint, then restart at the new size
@@ -252,6 +258,7 @@ def request(job: JobRecord) -> JobRequest:
         user=job.user,
         attained_s=job.attained_s,
         queued_since=job.pending_since,
+        avoid_nodes=frozenset(job.avoid_nodes),
     )
 
 
@@ -271,6 +278,7 @@ def allocation(job: JobRecord) -> Allocation:
         sizes=elastic_sizes(job),
         user=job.user,
         attained_s=job.attained_s,
+        avoid_nodes=frozenset(job.avoid_nodes),
     )
 
 

@@ -27,6 +27,7 @@ def requeued(allocation: Allocation) -> JobRequest:
         allocation.preemptible,
         allocation.queue,
         sizes=allocation.sizes,
+        avoid_nodes=allocation.avoid_nodes,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from operator import attrgetter
 
-from orchestrator.scheduler.admission import free_capacity, oversize_reason
+from orchestrator.scheduler.admission import free_capacity, oversize_reason, oversize_why
 from orchestrator.scheduler.queue import QuotaBook, quota_reason
 from orchestrator.scheduler.room import Shape, View, at_sizes
 from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node
@@ -54,10 +54,11 @@ class FifoPolicy:
             sized = at_sizes(job)
             smallest, shape = sized[-1]
             if shape not in self._oversize:
-                self._oversize[shape] = oversize_reason(smallest, self.nodes)
+                self._oversize[shape] = oversize_why(smallest, self.nodes)
             if self._oversize[shape] is not None:
                 # it can never start here: skipping it keeps the queue from stalling for good
-                decision.notes[job.id] = f"cannot start on the cluster as it is now: {self._oversize[shape]}"
+                why = self._oversize[shape]
+                decision.notes[job.id] = f"cannot start on the cluster as it is now: it {why}"
                 continue
             if not quotas.allows(smallest):
                 decision.notes[job.id] = quotas.note(smallest)

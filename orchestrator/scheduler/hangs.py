@@ -6,13 +6,17 @@ interval between two logged steps. The rule, in one place:
 
     timeout  = fault_tolerance.hang_timeout_s, or else
                max(FLOOR_S, MULTIPLE x the p95 of this attempt's intervals between logged steps)
+    start    = fault_tolerance.hang_timeout_s, or else max(START_FLOOR_S, the automatic timeout)
     hung     = armed (the worker group has stepped past the step it started or resumed at)
                and no new step for longer than the timeout, plus as much again when a
                checkpoint or an evaluation falls due before the next logged step (a save or an
-               evaluation is not a hang), and never after the last step (the run is finishing)
+               evaluation is not a hang), and never after the last step (the run is finishing);
+               or, not armed yet, no step for longer than the start timeout since the group's
+               workers all started, or since its run began (its checkpoint loaded), if later
 
-A new worker group (a restart inside the attempt) starts a new clock: the time it takes to
-start and load its checkpoint is not judged.
+A new worker group (a restart inside the attempt) starts a new clock. Starting, loading a
+checkpoint and compiling are judged by the start timeout only, which the default sets well
+above any normal start-up (torch.compile included).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from core import records
 
 FLOOR_S = 120.0  # the shortest automatic timeout: start-up hiccups, a slow storage write
+START_FLOOR_S = 600.0  # the shortest automatic start timeout: workers to the first logged step
 MULTIPLE = 10.0  # x the p95 interval between logged steps
 KEEP_INTERVALS = 200  # the newest intervals the p95 is taken over
 
@@ -44,6 +49,13 @@ def timeout_s(configured: float | None, p95_interval_s: float | None) -> float:
     return max(FLOOR_S, MULTIPLE * (p95_interval_s or 0.0))
 
 
+def start_timeout_s(configured: float | None, p95_interval_s: float | None) -> float:
+    """The time a worker group may take from its start to its first logged step."""
+    if configured is not None:
+        return configured
+    return max(START_FLOOR_S, timeout_s(None, p95_interval_s))
+
+
 def may_be_busy(step: int, log_every: int, every: Iterable[int | None], total_steps: int | None) -> bool:
     """Whether a checkpoint, an evaluation or the run's end falls after `step` and at or before
     the next logged step: the loop may be saving or evaluating, not stepping."""
@@ -60,19 +72,26 @@ class StepClock:
     group: int | None = None  # the worker group (restarts so far in the attempt)
     step: int | None = None
     since: float = 0.0  # when `step` last changed, or the group started
+    started: float | None = None  # when its workers were all up, or later its run began (None: not yet)
+    began: bool = False  # its run began at its start step (a checkpoint's, or 0)
     armed: bool = False  # the group has stepped past its start
     fired: bool = False  # this stall was already handled
     intervals: collections.deque = field(default_factory=lambda: collections.deque(maxlen=KEEP_INTERVALS))
     _last_record: tuple[float, int] | None = None  # (time, step) of the newest train record
 
-    def observe(self, step: int | None, group: int, now: float, start: int | None = None) -> None:
-        """A report: the newest step, the worker group it came from and the step that group
-        started or resumed at (None while it is still starting)."""
+    def observe(
+        self, step: int | None, group: int, now: float, start: int | None = None, workers_up: bool = False
+    ) -> None:
+        """A report: the newest step, the worker group it came from, the step that group
+        started or resumed at (None while it is still starting), and whether its workers are up."""
         if group != self.group:  # a new worker group: a new clock
             self.group, self.step, self.since, self.armed, self.fired = group, None, now, False, False
-            self._last_record = None
+            self.started, self.began, self._last_record = None, False, None
         if step is not None and step != self.step:
             self.step, self.since, self.fired = step, now, False
+        began, self.began = start is not None and not self.began, self.began or start is not None
+        if workers_up and (self.started is None or began):  # up, or done loading its start
+            self.started = now
         self.armed = self.armed or (step is not None and start is not None and step > start)
 
     def add_records(self, batch: Iterable[dict]) -> None:
@@ -90,7 +109,11 @@ class StepClock:
         return p95(self.intervals)
 
     def stalled_s(self, now: float) -> float:
-        return now - self.since
+        """Seconds without progress: since the newest step, or before the group's first step,
+        since its workers started or its run began, or its step last changed, whichever is latest."""
+        if self.armed or self.started is None:
+            return now - self.since
+        return now - max(self.since, self.started)
 
     def hung(
         self,
@@ -99,11 +122,15 @@ class StepClock:
         log_every: int,
         every: Iterable[int | None] = (),
         total_steps: int | None = None,
+        start_timeout: float | None = None,
     ) -> bool:
         """Whether the group is hung now (the rule in the module's docstring)."""
-        if not self.armed or self.fired or self.step is None:
+        if self.fired or (total_steps is not None and self.step is not None and self.step >= total_steps):
             return False
-        if total_steps is not None and self.step >= total_steps:
+        if not self.armed:  # no first step yet: only the start timeout applies
+            started = self.started is not None and start_timeout is not None
+            return started and self.stalled_s(now) > start_timeout
+        if self.step is None:
             return False
         allowed = timeout * (2 if may_be_busy(self.step, log_every, every, total_steps) else 1)
         return self.stalled_s(now) > allowed

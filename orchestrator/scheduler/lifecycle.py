@@ -114,6 +114,23 @@ class Lifecycle:
             step=job.step,
         )
 
+    def stop(self, job: JobRecord, now: float, at_once: bool = False) -> None:
+        """`orchestrator stop`: a queued job leaves the queue; a running one checkpoints and
+        stops, or with `at_once` its driver is stopped now (its steps since the checkpoint lost)."""
+        if job.state.is_terminal:
+            return
+        if job.state.is_pending:
+            self.finish(job, JobState.STOPPED, now, reason="stopped while queued")
+            if job.submission_id:  # a driver waiting for admission
+                self.runner.stop(job.submission_id)
+        elif at_once:
+            if job.submission_id:
+                self.runner.stop(job.submission_id)
+            job.steps_lost += self.steps_since_checkpoint(job)
+            self.finish(job, JobState.STOPPED, now, reason="stopped at once (--now)")
+        else:
+            self.request_stop(job, "stop", now)
+
     def kill_after_grace(self, job: JobRecord, now: float) -> None:
         """A job asked to stop that has not within its grace period: stop its driver."""
         grace = job.spec.scheduling.preemption_grace_s
@@ -194,6 +211,29 @@ class Lifecycle:
         job.steps_lost += exact - event["steps_lost"]
         event.update(step=summary["steps"], steps_lost=exact)
         self.save(job)
+
+    def attempt_ended(
+        self, job: JobRecord, outcome: str, summary: dict, lost_nodes: list[str], now: float
+    ) -> None:
+        """The driver says how the current attempt ended (succeeded, failed, stopped or
+        preempted) with its summary; `lost_nodes`: those of its nodes that died."""
+        job.summary = summary
+        if job.ledger is not None and summary.get("checkpoint"):
+            job.ledger.checkpointed(checkpoint_step(summary["checkpoint"]))
+        job.step = summary.get("steps") or job.step
+        job.last_checkpoint = summary.get("checkpoint") or job.last_checkpoint
+        if lost_nodes:
+            self.node_lost(job, lost_nodes, now)
+        elif outcome == "failed" and summary.get("retryable"):
+            self.hold_failure(job, summary, now)
+        elif outcome == "preempted":
+            self.preempted(job, now, acknowledged=True)
+        elif outcome == "stopped":
+            self.finish(job, JobState.STOPPED, now, reason=f"stopped at step {job.step}")
+        elif outcome == "succeeded":
+            self.finish(job, JobState.SUCCEEDED, now)
+        else:
+            self.finish(job, JobState.FAILED, now, reason=summary.get("reason") or outcome)
 
     def hold_failure(self, job: JobRecord, summary: dict, now: float) -> None:
         """A failed attempt, until the service knows whether a node of its died (Ray declares

@@ -50,16 +50,19 @@ from orchestrator.scheduler.admission import (
     format_resources,
     free_capacity,
     oversize_reason,
+    oversize_why,
     place,
     positive,
 )
 from orchestrator.scheduler.cohorts import CohortBook, CohortLayout, Verdict
+from orchestrator.scheduler.defrag import DEFAULT_MIN_RUN_S
 from orchestrator.scheduler.elastic import Resizes
 from orchestrator.scheduler.las import Las
-from orchestrator.scheduler.preemption import choose_shrinks, choose_victims
+from orchestrator.scheduler.preemption import choose_shrinks
 from orchestrator.scheduler.queue import QuotaBook, order_pending, quota_reason
 from orchestrator.scheduler.room import Shape, Spare, View, at_sizes, headroom, released, shadow, shape_of
 from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node
+from orchestrator.scheduler.victims import MOVE, Victims
 
 DEFAULT_BACKFILL_WINDOW = 100
 DEFAULT_GROW_AFTER_S = 120.0
@@ -92,6 +95,10 @@ class Policy:
     `grow_after_s`: how long an elastic job runs at one size before it may grow (each resize
     costs a checkpoint and a restart); `math.inf` turns growing off.
 
+    `move_after_s`: how long a preemptible job runs before it may be moved to another node to
+    make room for a head that free room spread too thin keeps waiting (`defrag.py`);
+    `math.inf` turns moving off.
+
     `queues`: the validated queue configuration (`core.queues.QueueConfig`), opt-in per queue:
     order `las` (least attained service, `las.py`) and cohorts with borrowing and reclaim
     (`cohorts.py`); a queue in no cohort with a nominal quota is a hard cap, like `quotas`.
@@ -107,6 +114,7 @@ class Policy:
         backfill_window: int = DEFAULT_BACKFILL_WINDOW,
         grow_after_s: float = DEFAULT_GROW_AFTER_S,
         queues: QueueConfig | None = None,
+        move_after_s: float = DEFAULT_MIN_RUN_S,
     ) -> None:
         if backfill_window < 0:
             raise ValueError(f"backfill_window must be >= 0, got {backfill_window}")
@@ -128,6 +136,9 @@ class Policy:
         self.preemption = preemption
         self.backfill_window = backfill_window
         self.grow_after_s = grow_after_s
+        if not move_after_s >= 0:
+            raise ValueError(f"move_after_s must be >= 0, got {move_after_s}")
+        self.move_after_s = move_after_s
         self.set_nodes(nodes)
 
     def set_nodes(self, nodes: Iterable[Node], possible: Iterable[Node] | None = None) -> None:
@@ -157,9 +168,9 @@ class Policy:
         """Why the job cannot start on the cluster as it is now, even empty; None if it can."""
         shape = shape or shape_of(job)
         if shape not in self._oversize:
-            self._oversize[shape] = oversize_reason(job, self.possible)
+            self._oversize[shape] = oversize_why(job, self.possible)
         reason = self._oversize[shape]
-        return None if reason is None else f"cannot start on the cluster as it is now: {reason}"
+        return None if reason is None else f"cannot start on the cluster as it is now: it {reason}"
 
     def schedule(self, now: float, pending: list[JobRequest], running: list[Allocation]) -> Decision:
         running = list(running)
@@ -178,7 +189,7 @@ class Policy:
         return _Pass(self, now, running, cohorts, served, levels).run(ordered)
 
 
-class _Pass(Resizes):
+class _Pass(Victims, Resizes):
     """The state of one scheduling pass (see the module docstring for the steps)."""
 
     def __init__(
@@ -350,9 +361,10 @@ class _Pass(Resizes):
                     free,
                     lambda plan: self._come_back(job, plan, by_id),
                 )
-                chosen = list(shrinks) if shrinks else self._victims(head)
-                if not shrinks and chosen and by_id[chosen[0]].priority >= head.priority:
-                    why = "more-served (LAS)"
+                if shrinks:
+                    chosen = list(shrinks)
+                else:
+                    chosen, why = self._victims(head)
             victims = [by_id[job_id] for job_id in chosen]
         if victims:
             # a shrunk job, like a victim, stops whole (checkpointed) and starts again smaller
@@ -365,8 +377,12 @@ class _Pass(Resizes):
                     verb = f"shrinking {len(victims)} elastic job(s)"
                     names = [f"{v.job_id} {v.workers}->{shrinks[v.job_id]} workers" for v in victims]
                 elif not stopping:
-                    decision.preempt = names
-                    verb = f"preempting {len(victims)} {why} job(s)"
+                    decision.preempt, decision.moving = names, why == MOVE
+                    verb = (
+                        f"moving {len(victims)} job(s) to other nodes (free room is spread too thin)"
+                        if why == MOVE
+                        else f"preempting {len(victims)} {why} job(s)"
+                    )
                 else:
                     verb = f"waiting for {len(victims)} stopping job(s) to release their resources"
                 decision.reserved_for = decision.head = head.id
@@ -408,85 +424,6 @@ class _Pass(Resizes):
         decision.notes[head.id] = f"next in line: {waiting}; resources reserved, {when}"
         self.reservation = _Reservation(head, start, placement, promised=False)
         self.spare = Spare(free, headroom(avail, placement, head))
-
-    def _victims(self, head: JobRequest) -> list[str]:
-        """Lower-priority preemptible jobs to stop for the head; failing that, jobs of its own
-        `las` queue and priority at a higher LAS level (`las.py`); failing that, when its queue
-        is below its nominal quota, borrowers of its cohort (reclaim of room on the nodes)."""
-        nodes, free = self.policy.nodes, self.free.by_node
-        chosen = choose_victims(head, self.running, nodes, free)
-        las, cohorts = self.policy.las, self.cohorts
-        if chosen is None and las is not None:
-            eligible = las.eligible(head, self.now, self.served)
-            if eligible is not None:
-                rank = las.rank(self.now, self.served)
-                chosen = choose_victims(head, self.running, nodes, free, eligible, rank)
-        if chosen is None and cohorts is not None and cohorts.manages(head.queue):
-            if cohorts.below_nominal(head.queue, head.total()):
-                chosen = self._victims_for_quota(head, cohorts.reclaimable(head), _recent_first, reclaim=True)
-        return chosen or []
-
-    def _quota_preemption(self, head: JobRequest, verdict: Verdict) -> tuple[list[str], str] | None:
-        """Victims that give a head its quota back, and why; None when there are none.
-
-        Reclaim (`verdict` RECLAIM): borrowers of its cohort, the most recently started first.
-        Failing that, for a job of a `las` queue: jobs of its own queue at a higher LAS level
-        (as for room on the nodes), which frees its queue's quota too. Only the head of a pass
-        chooses victims, and none while jobs are stopping (as in `_reserve`).
-        """
-        if self.reservation is not None or not self.policy.preemption or head.queue in self.quota_tried:
-            return None
-        self.quota_tried.add(head.queue)  # once per queue and pass: a failed search costs a lot
-        if any(allocation.stopping for allocation in self.running):
-            return None
-        if verdict is Verdict.RECLAIM:
-            chosen = self._victims_for_quota(head, self.cohorts.reclaimable(head), _recent_first, True)
-            if chosen:
-                return chosen, "borrowing"
-        las = self.policy.las
-        eligible = las.eligible(head, self.now, self.served) if las is not None else None
-        if eligible is None:
-            return None
-        chosen = self._victims_for_quota(head, eligible, las.rank(self.now, self.served), reclaim=False)
-        return (chosen, "more-served (LAS)") if chosen else None
-
-    def _victims_for_quota(self, head: JobRequest, eligible, rank, reclaim: bool) -> list[str]:
-        """Eligible jobs to stop so that the head fits the nodes and its quota; [] if none do.
-
-        First those that make room on the nodes (`choose_victims`), then more in `rank` order
-        until the quota fits too (a reclaim takes only from queues still borrowing).
-        """
-        chosen = choose_victims(head, self.running, self.policy.nodes, self.free.by_node, eligible, rank)
-        if chosen is None:
-            return []
-        by_id = {allocation.job_id: allocation for allocation in self.running}
-        released = [by_id[job_id] for job_id in chosen]
-        self._quota_release(released, -1)
-        # a reclaim never takes a borrower's queue below its nominal quota
-        fits = not reclaim or all(not self.cohorts.below_nominal(a.queue, a.total()) for a in released)
-        extra = sorted((a for a in self.running if eligible(a) and a.job_id not in chosen), key=rank)
-        for allocation in extra if fits else []:
-            if self._quota_fits(head):
-                break
-            if not reclaim or self.cohorts.keeps_nominal(allocation):
-                self._quota_release([allocation], -1)
-                released.append(allocation)
-        fits = fits and self._quota_fits(head)
-        self._quota_release(released, +1)  # they hold their quota until they have stopped
-        return [allocation.job_id for allocation in released] if fits else []
-
-    def _quota_fits(self, head: JobRequest) -> bool:
-        return self.quotas.allows(head) and (self.cohorts is None or self.cohorts.verdict(head) is Verdict.OK)
-
-    def _quota_release(self, allocations: list[Allocation], sign: int) -> None:
-        """Take the allocations out of the quota books (-1), or put them back (+1)."""
-        for allocation in allocations:
-            self.quotas.add(allocation, sign)
-            if self.cohorts is not None:
-                if sign < 0:
-                    self.cohorts.release(allocation)
-                else:
-                    self.cohorts.charge_allocation(allocation)
 
     def _backfill(self, job: JobRequest, sized: list[tuple[JobRequest, Shape]]) -> str:
         """Start `job` ahead of the head if that cannot delay it; else say why not.
@@ -543,8 +480,3 @@ class _Pass(Resizes):
         return False
 
     # -- elastic jobs: what a resize leads to, and growing ----------------------------------------
-
-
-def _recent_first(allocation: Allocation) -> tuple[float, str]:
-    """Reclaim order: the most recently started borrower first (the least work since it started)."""
-    return (-allocation.started_at, allocation.job_id)

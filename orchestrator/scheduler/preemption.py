@@ -122,7 +122,7 @@ def choose_victims(
     eligible = eligible or (lambda allocation: can_preempt(job, allocation))
     need = positive(job.per_worker)
     allocations = list(allocations)
-    node_ids = [node.id for node in nodes]
+    node_ids = [node.id for node in nodes if node.id not in job.avoid_nodes]  # only where it may go
     avail = {node_id: dict(free_by_node.get(node_id, {})) for node_id in node_ids}
     for allocation in allocations:
         if allocation.stopping:

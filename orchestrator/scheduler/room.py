@@ -13,12 +13,13 @@ from operator import attrgetter
 from orchestrator.scheduler.admission import EPS, UNBOUNDED, place, positive, slots
 from orchestrator.scheduler.types import Allocation, JobRequest, Resources
 
-Shape = tuple[int, tuple[tuple[str, float], ...]]
+# workers, per-worker resources, the nodes it avoids: everything a placement verdict depends on
+Shape = tuple[int, tuple[tuple[str, float], ...], frozenset[str]]
 
 
 def shape_of(job: JobRequest) -> Shape:
     # dict order is part of the key: equal dicts in another order only miss a cache, never hit wrongly
-    return (job.workers, tuple(job.per_worker.items()))
+    return (job.workers, tuple(job.per_worker.items()), job.avoid_nodes)
 
 
 def at_sizes(job: JobRequest) -> list[tuple[JobRequest, Shape]]:
@@ -33,7 +34,7 @@ class View:
 
     Within a pass a view only shrinks, so a job shape that did not fit will not fit later in
     the pass, and neither will a shape with at least as many workers each needing at least as
-    much: both are answered without another placement search.
+    much and avoiding at least the same nodes: both are answered without another placement search.
     """
 
     def __init__(self, by_node: dict[str, Resources]) -> None:
@@ -43,14 +44,18 @@ class View:
             for name, amount in node_free.items():
                 self.totals[name] = self.totals.get(name, 0.0) + amount
         self._failed_shapes: set[Shape] = set()
-        self._failed: list[tuple[int, Resources]] = []
+        self._failed: list[tuple[int, Resources, frozenset[str]]] = []
 
     def place(self, job: JobRequest, shape: Shape) -> dict[str, int] | None:
         if shape in self._failed_shapes:
             return None
-        need = job.per_worker
-        for workers, failed_need in self._failed:
-            if job.workers >= workers and all(need.get(n, 0.0) >= a for n, a in failed_need.items()):
+        need, avoid = job.per_worker, job.avoid_nodes
+        for workers, failed_need, failed_avoid in self._failed:
+            if (
+                job.workers >= workers
+                and failed_avoid <= avoid
+                and all(need.get(n, 0.0) >= a for n, a in failed_need.items())
+            ):
                 self._failed_shapes.add(shape)
                 return None
         placement = None
@@ -58,7 +63,7 @@ class View:
             placement = place(job, self.by_node)
         if placement is None:
             self._failed_shapes.add(shape)
-            self._failed.append((job.workers, positive(need)))
+            self._failed.append((job.workers, positive(need), avoid))
         return placement
 
     def set_node(self, node_id: str, resources: Resources) -> None:
@@ -134,11 +139,14 @@ def shadow(
     Stopping jobs go first (they end now), then jobs by estimated end (an overdue estimate
     counts as now), then jobs without an estimate, oldest first; the time is None as soon as
     one of those is needed. Slots are counted per node as releases come in, so each release
-    costs only the nodes it touches.
+    costs only the nodes it touches; the nodes the head avoids hold none of its workers.
     """
-    need = positive(head.per_worker)
+    need, avoid = positive(head.per_worker), head.avoid_nodes
     avail = {node_id: dict(node_free) for node_id, node_free in free.items()}
-    room = {node_id: slots(need, node_free, UNBOUNDED) for node_id, node_free in avail.items()}
+    room = {
+        node_id: 0 if node_id in avoid else slots(need, node_free, UNBOUNDED)
+        for node_id, node_free in avail.items()
+    }
     total = sum(room.values())
     if total >= head.workers:
         return now, avail
@@ -154,7 +162,7 @@ def shadow(
                 continue
             for name, amount in allocation.per_worker.items():
                 node_avail[name] = node_avail.get(name, 0.0) + amount * count
-            fresh = slots(need, node_avail, UNBOUNDED)
+            fresh = 0 if node_id in avoid else slots(need, node_avail, UNBOUNDED)
             total += fresh - room[node_id]
             room[node_id] = fresh
         if total >= head.workers:

@@ -50,6 +50,10 @@ class JobRequest:
     `attained_s`, the service it received in earlier attempts (GPU-seconds, or worker-seconds
     for a job without GPUs; the service adds up its finished attempts); `queued_since`, when
     it last became pending (None: `submitted_at`), from which a starving job is promoted.
+
+    `avoid_nodes`: node ids the job must not be placed on (the service adds the node of a
+    straggler it restarted the job away from, `fault_tolerance.on_straggler`); placement skips
+    them, and every cache of placement verdicts keys on them (`room.shape_of`).
     """
 
     id: str
@@ -64,8 +68,10 @@ class JobRequest:
     user: str | None = None
     attained_s: float = 0.0
     queued_since: float | None = None
+    avoid_nodes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        self.avoid_nodes = frozenset(self.avoid_nodes)
         if self.workers < 1:
             raise ValueError(f"job {self.id}: workers must be >= 1, got {self.workers}")
         _check_resources(f"job {self.id}", self.per_worker)
@@ -112,7 +118,8 @@ class Allocation:
     finish, if known. `sizes`: an elastic job's allowed worker counts, descending (as in
     `JobRequest`); its current size is `workers`. () for a job of one size. `user` and
     `attained_s` as in `JobRequest`: service of the attempts before this one (the policy adds
-    this attempt's part from `started_at`).
+    this attempt's part from `started_at`). `avoid_nodes` as in `JobRequest`: where it may not
+    go when it starts again (after a resize).
     """
 
     job_id: str
@@ -127,8 +134,10 @@ class Allocation:
     sizes: tuple[int, ...] = ()
     user: str | None = None
     attained_s: float = 0.0
+    avoid_nodes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
+        self.avoid_nodes = frozenset(self.avoid_nodes)
         if self.sizes:
             self.sizes = tuple(self.sizes)
             _check_sizes(f"allocation {self.job_id}", self.sizes)
@@ -151,7 +160,8 @@ class Decision:
     """What one scheduling pass decided.
 
     - `admit`: jobs to start now, in queue order, each with its placement (node id -> workers).
-    - `preempt`: running jobs to stop so that `reserved_for` can start once they have stopped.
+    - `preempt`: running jobs to stop so that `reserved_for` can start once they have stopped;
+      with `moving`, they only move: each fits again elsewhere once it has stopped (`defrag.py`).
     - `resize`: running elastic jobs to restart at another size (job id -> that size): smaller
       to make room for `reserved_for` (then nothing is in `preempt`), or larger to use free
       room when no job waits. A resize is a checkpointed stop followed by re-admission.
@@ -168,6 +178,7 @@ class Decision:
 
     admit: list[tuple[str, dict[str, int]]] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
+    moving: bool = False
     resize: dict[str, int] = field(default_factory=dict)
     reserved_for: str | None = None
     notes: dict[str, str] = field(default_factory=dict)

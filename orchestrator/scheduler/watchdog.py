@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from core import records
 from core.jobs import JobState
-from orchestrator.scheduler.hangs import StepClock, timeout_s
+from orchestrator.scheduler.hangs import StepClock, start_timeout_s, timeout_s
 from orchestrator.scheduler.store import JobRecord
 from orchestrator.scheduler.stragglers import StragglerWindow
 
@@ -47,7 +47,9 @@ class Watchdog:
             watch.workers = {int(rank): dict(w) for rank, w in progress["workers"].items()}
         batch = progress.get("records") or []
         watch.clock.add_records(batch)
-        watch.clock.observe(progress.get("step"), group, now, progress.get("start_step"))
+        watch.clock.observe(
+            progress.get("step"), group, now, progress.get("start_step"), workers_up=bool(watch.workers)
+        )
         for r in batch:
             if records.is_train(r):
                 watch.window.add(int(r.get("rank", 0)), int(r[records.STEP]), r.get("compute_s"))
@@ -60,25 +62,29 @@ class Watchdog:
 
     # -- hangs -------------------------------------------------------------------------------
 
-    def timeout_s(self, job: JobRecord) -> float:
+    def timeout_s(self, job: JobRecord, start: bool = False) -> float:
+        """The job's hang timeout; `start`: its start timeout (before a group's first step)."""
         watch = self.watches.get(job.id)
         p95 = watch.clock.p95_interval_s() if watch is not None else None
-        return timeout_s(job.spec.fault_tolerance.hang_timeout_s, p95)
+        rule = start_timeout_s if start else timeout_s
+        return rule(job.spec.fault_tolerance.hang_timeout_s, p95)
 
     def hung(self, jobs: list[JobRecord], now: float) -> list[tuple[JobRecord, Watch, float]]:
-        """The running jobs hung now, each with its watch and timeout; each stall once."""
+        """The running jobs hung now, each with its watch and the timeout it ran past (the
+        start timeout for a worker group without a first step); each stall once."""
         out = []
         for job in jobs:
             watch = self.watches.get(job.id)
             if job.state is not JobState.RUNNING or watch is None or watch.attempt != job.attempt:
                 continue
-            spec, timeout = job.spec, self.timeout_s(job)
+            spec, clock = job.spec, watch.clock
+            timeout, start = self.timeout_s(job), self.timeout_s(job, start=True)
             every = (spec.checkpoint.every_steps, spec.train.eval_every)
-            if watch.workers and watch.clock.hung(
-                now, timeout, spec.metrics.log_every, every, job.total_steps
+            if watch.workers and clock.hung(
+                now, timeout, spec.metrics.log_every, every, job.total_steps, start
             ):
-                watch.clock.fired = True
-                out.append((job, watch, timeout))
+                clock.fired = True
+                out.append((job, watch, timeout if clock.armed else start))
         return out
 
     # -- stragglers --------------------------------------------------------------------------

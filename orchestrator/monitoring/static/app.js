@@ -412,7 +412,111 @@
       });
     $("resources").hidden = rows.length === 0;
     replaceChildren($("resources"), rows);
+    renderQueues(info.queues);
     setText($("foot-text"), "Updates every " + POLL_MS / 1000 + " s from the orchestrator service (generation " + fmtInt(info.generation) + ").");
+  }
+
+  // --- queues: each one's use against its nominal quota, and what it borrows or lends -----------
+
+  /** A number as Python's "{:g}" writes it (6 significant digits, no trailing zeros), so the
+   * panel's figures are the ones `orchestrator queue` prints */
+  function fmtG(v) {
+    if (!isNum(v)) return "—";
+    const [mantissa, power] = v.toExponential(5).split("e");
+    const exponent = Number(power);
+    const trim = (s) => (s.includes(".") ? s.replace(/\.?0+$/, "") : s);
+    if (exponent < -4 || exponent >= 6) {
+      return trim(mantissa) + "e" + (exponent < 0 ? "-" : "+") + String(Math.abs(exponent)).padStart(2, "0");
+    }
+    return trim(v.toFixed(5 - exponent));
+  }
+
+  // Python's sorted(): by code point, as the CLI lists queues
+  const byCodePoint = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
+
+  /** "borrows 8 GPU", "lends 2.5 GPU": what `queue_lines` appends, the same words and numbers */
+  function borrowLendLines(q) {
+    const positive = (amounts) => Object.entries(amounts || {}).filter(([, v]) => v > 0);
+    return positive(q.borrowed)
+      .map(([r, v]) => "borrows " + fmtG(v) + " " + r)
+      .concat(positive(q.lent).map(([r, v]) => "lends " + fmtG(v) + " " + r));
+  }
+
+  /** One bar segment, as wide as its share of the bar's scale */
+  function quotaSegment(kind, amount, scale) {
+    const seg = h("span", { class: "seg q-" + kind, "data-part": kind });
+    seg.style.width = (scale > 0 ? (Math.max(0, amount) / scale) * 100 : 0).toFixed(3) + "%";
+    return seg;
+  }
+
+  /** Use within the nominal quota, use borrowed beyond it, and the unused quota others borrow
+   * (lent), on a scale of the larger of use and quota: the nominal quota ends where borrowing begins */
+  function quotaBar(used, nominal, lent) {
+    const scale = Math.max(used, nominal);
+    return h(
+      "div",
+      { class: "quota-bar" },
+      quotaSegment("within", Math.min(used, nominal), scale),
+      quotaSegment("borrowed", used - nominal, scale),
+      quotaSegment("lent", lent, scale),
+    );
+  }
+
+  /** A line per resource of the nominal quota: "GPU [bar] 8 / 4" */
+  function quotaLines(q) {
+    const lines = Object.entries(q.nominal || {}).map(([r, nominal]) => {
+      const used = (q.used || {})[r] || 0;
+      const lent = (q.lent || {})[r] || 0;
+      const title = r + ": uses " + fmtG(used) + " of a nominal quota of " + fmtG(nominal);
+      return h(
+        "div",
+        { class: "quota", "data-resource": r, title },
+        h("span", { class: "res-name" }, r),
+        quotaBar(used, nominal, lent),
+        h("span", { class: "res-value" }, fmtG(used) + " / " + fmtG(nominal)),
+      );
+    });
+    return lines.length ? lines : [h("span", { class: "muted" }, "no quota")];
+  }
+
+  /** Its cohort; a queue in none with a quota has a hard cap: it neither borrows nor lends */
+  function cohortCell(q) {
+    if (q.cohort) return h("td", { class: "cohort" }, q.cohort);
+    const capped = Object.keys(q.nominal || {}).length > 0;
+    const title = capped ? "in no cohort: its nominal quota is a hard cap, it neither borrows nor lends" : null;
+    return h("td", { class: "cohort faded", title }, capped ? "hard cap" : "—");
+  }
+
+  /** "8 GPU": the most it may borrow beyond its nominal quota (from the applied configuration) */
+  function borrowingLimitCell(q, settings) {
+    const limit = Object.entries((settings && settings.borrowing_limit) || {});
+    if (limit.length) return h("td", { class: "limit" }, limit.map(([r, v]) => fmtG(v) + " " + r).join(", "));
+    const title = q.cohort ? "no limit but the cohort's unused quota" : null;
+    return h("td", { class: "limit faded", title }, "—");
+  }
+
+  function queueRow(name, q, settings) {
+    const extra = borrowLendLines(q);
+    return h(
+      "tr",
+      { "data-queue": name },
+      h("td", { class: "name" }, name),
+      cohortCell(q),
+      h("td", { class: "order", title: q.order === "las" ? "least attained service first" : "first in, first out" }, q.order || "fifo"),
+      h("td", { class: "use" }, h("div", { class: "quota-lines" }, quotaLines(q))),
+      h("td", { class: "extra" + (extra.length ? "" : " faded") }, extra.length ? extra.map((line) => h("div", null, line)) : "—"),
+      borrowingLimitCell(q, settings),
+    );
+  }
+
+  /** The panel, only while a queue configuration is applied (`orchestrator queues apply`) */
+  function renderQueues(queues) {
+    const use = (queues && queues.use) || {};
+    const names = Object.keys(use).sort(byCodePoint);
+    $("queues").hidden = names.length === 0;
+    const settings = (queues && queues.config && queues.config.queues) || {};
+    setText($("queues-count"), names.length ? fmtInt(names.length) : "");
+    replaceChildren($("queues-body"), names.map((name) => queueRow(name, use[name], settings[name])));
   }
 
   function setLive(ok, message) {

@@ -1,0 +1,152 @@
+"""What the service does about hung jobs and straggling ranks (docs/monitoring.md).
+
+The watchdog (`watchdog.py`, pure) says which running jobs are hung and which ranks straggle;
+this module acts on it, for the service (`actor.py`), under the service's lock:
+
+    a hung job     its ranks' stacks are saved beside the run and named in a `hung` line of its
+                   history, then its ranks are ended (SIGKILL): Ray Train counts a failure
+                   against `fault_tolerance.max_failures` and restarts the group from the newest
+                   checkpoint. All on a thread of its own: scheduling goes on meanwhile.
+    a straggler    a `straggler` line in its history (`on_straggler: warn`). With
+                   `restart_excluding_node`, the straggler's node also joins the job's
+                   `avoid_nodes` (stored with its record) and the job is preempted: it
+                   checkpoints and goes back to the queue (no failure, no step lost), and the
+                   policy places it on other nodes. Never when the job would not fit the cluster
+                   without that node (it would wait for good): then it only warns, and its
+                   history says why. At most once per node and job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+from core import run_folder, storage
+from core.jobs import JobState
+from orchestrator.scheduler import stacks
+from orchestrator.scheduler.cycle import SchedulingCycle, request
+from orchestrator.scheduler.lifecycle import Lifecycle
+from orchestrator.scheduler.store import JobRecord
+from orchestrator.scheduler.watchdog import Watchdog
+
+RESTART_AWAY = "restart_excluding_node"
+
+log = logging.getLogger("orchestrator.service")
+
+
+class Health:
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        cycle: SchedulingCycle,
+        watchdog: Watchdog,
+        lock: threading.RLock,
+        dashboard: str,
+        token: str | None,
+    ):
+        self.lifecycle, self.cycle, self.watchdog, self.lock = lifecycle, cycle, watchdog, lock
+        self.jobs = lifecycle.jobs
+        self.dashboard, self.token = dashboard, token
+
+    # -- hangs -----------------------------------------------------------------------------------
+
+    def check_hangs(self, now: float) -> None:
+        """Running jobs without step progress for longer than their hang timeout (or without a
+        first step for longer than their start timeout): their stacks are taken and their ranks
+        ended on a thread of their own. Called under the service's lock."""
+        for job, watch, timeout in self.watchdog.hung(list(self.jobs.values()), now):
+            clock = watch.clock
+            stalled = clock.stalled_s(now)
+            what = f"no step after {job.step}" if clock.armed else "no first step"
+            log.warning("%s: %s for %.0f s (timeout %.0f s): hung", job.id, what, stalled, timeout)
+            hang = dict(
+                attempt=job.attempt,
+                step=job.step,
+                workers=dict(watch.workers),
+                stalled_s=stalled,
+                progress=(clock.group, clock.step, clock.armed),
+            )
+            threading.Thread(
+                target=self._on_hang, args=(job.id, hang, timeout), name=f"hang-{job.id}", daemon=True
+            ).start()
+
+    def _on_hang(self, job_id: str, hang: dict, timeout: float) -> None:
+        with self.lock:
+            job = self.jobs[job_id]
+            run_uri = run_folder.run_uri(job.spec, job.run)
+            folder = run_folder.hang_folder(run_uri, hang["attempt"], hang["step"])
+        taken = stacks.stacks(self.dashboard, self.token, hang["workers"])
+        try:
+            fs, path = storage.resolve(folder)
+            fs.create_dir(path, recursive=True)
+            for rank, text in taken.items():
+                with fs.open_output_stream(f"{path}/rank-{rank}.txt") as out:
+                    out.write(text.encode())
+        except OSError as err:
+            log.error("%s: cannot save the stacks of its hang in %s: %s", job_id, folder, err)
+        with self.lock:
+            job = self.jobs[job_id]
+            watch = self.watchdog.watches.get(job_id)
+            if job.attempt != hang["attempt"] or job.state is not JobState.RUNNING or watch is None:
+                return  # it ended or moved on meanwhile
+            clock = watch.clock
+            if (clock.group, clock.step, clock.armed) != hang["progress"]:
+                log.warning("%s stepped again while its stacks were taken: not restarted", job_id)
+                return
+            job.log(
+                "hung",
+                step=hang["step"],
+                stalled_s=round(hang["stalled_s"], 1),
+                timeout_s=round(timeout, 1),
+                **({} if clock.armed else {"before": "the first step of its worker group"}),
+                stacks=folder,
+                ranks={str(rank): stacks.where(text) for rank, text in taken.items()},
+            )
+            self.lifecycle.save(job)
+        try:
+            stacks.kill(hang["workers"])
+        except Exception as err:
+            log.error("%s: cannot end its hung ranks: %s", job_id, err)
+
+    # -- stragglers ------------------------------------------------------------------------------
+
+    def stragglers(self, job: JobRecord, now: float) -> bool:
+        """A `straggler` line in the job's history for each rank newly flagged, and the job's
+        `on_straggler` action. Returns whether the job changed (a restart has saved it already)."""
+        fresh = self.watchdog.new_stragglers(job.id)
+        for s in fresh:
+            log.warning(
+                "%s: rank %d computes %.2fx the median rank's (node %s)",
+                *(job.id, s["rank"], s["ratio"], s["node"]),
+            )
+            detail = dict(rank=s["rank"], node=s["node"], ip=s["ip"], ratio=round(s["ratio"], 3))
+            if job.spec.fault_tolerance.on_straggler != RESTART_AWAY:
+                job.log("straggler", now, **detail)
+                continue
+            refusal = self._cannot_restart_away(job, s["node"])
+            if refusal:
+                log.warning("%s: %s", job.id, refusal)
+                job.log("straggler", now, **detail, action=refusal)
+                continue
+            node, slow = s["node"], f"rank {s['rank']} straggles, {s['ratio']:.2f}x the median"
+            action = f"restarting away from node {node}: {slow}"
+            log.warning("%s: %s", job.id, action)
+            job.log("straggler", now, **detail, action=action)
+            job.avoid_nodes = sorted({*job.avoid_nodes, node})
+            self.lifecycle.request_stop(job, "preempt", now, by=f"straggler on node {node}")  # saves
+        return bool(fresh)
+
+    def _cannot_restart_away(self, job: JobRecord, node: str | None) -> str | None:
+        """Why the job is not restarted away from `node` (a warning only), or None."""
+        if node is None:
+            return "warning only: the straggler's node is not known"
+        if node in job.avoid_nodes:
+            return f"warning only: node {node} is avoided already"
+        if job.state is not JobState.RUNNING:
+            return f"warning only: the job is {job.state.value}"
+        trial = dataclasses.replace(request(job), avoid_nodes=frozenset({*job.avoid_nodes, node}))
+        reason = self.cycle.policy.rejection_reason(trial)
+        if reason:
+            return f"warning only, not restarted away from node {node}: {reason}"
+        return None

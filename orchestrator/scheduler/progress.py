@@ -1,0 +1,69 @@
+"""A driver's progress report (`OrchestratorService.report`, every 2 s while a job runs),
+folded into what the service keeps of the job, in this order:
+
+1. its live metrics (memory only: the status page and the exporter), cleared on a rewind;
+2. its time ledger (`account`): the start of a run first, then the records, then a checkpoint;
+3. the watchdog's clocks and windows (hangs and stragglers);
+4. the fields of its record (step, total steps, step time, checkpoint, a resume).
+
+The progress: step, total_steps, step_time_s, checkpoint, workers_started, restarts (worker
+groups Ray Train restarted), start_step (where this group's run began), records (rank 0's,
+since the last report), rewound, ranks (the other ranks' newest records), workers (rank ->
+pid and node).
+"""
+
+from __future__ import annotations
+
+import time
+
+from core.run_folder import checkpoint_step
+from orchestrator.scheduler.live import LiveMetrics
+from orchestrator.scheduler.store import JobRecord
+from orchestrator.scheduler.watchdog import Watchdog
+
+
+def fold(job: JobRecord, progress: dict, live: LiveMetrics, watchdog: Watchdog) -> bool:
+    """Fold one report of the job's current attempt in; returns whether its record changed
+    (the caller saves it)."""
+    if progress.get("rewound"):
+        live.clear()
+    live.add(progress.get("records") or [])
+    account(job, progress)
+    watchdog.observe(job, progress, time.time())
+    if progress.get("ranks") is not None:
+        live.ranks = dict(progress["ranks"])
+    if progress.get("restarts") is not None:
+        live.restarts = int(progress["restarts"])
+    changed = False
+    for key in ("step", "total_steps", "step_time_s"):
+        if progress.get(key) is not None and getattr(job, key) != progress[key]:
+            setattr(job, key, progress[key])
+            changed = key != "step_time_s" or changed
+    if progress.get("checkpoint") and progress["checkpoint"] != job.last_checkpoint:
+        job.last_checkpoint = progress["checkpoint"]
+        changed = True
+    start = progress.get("start_step")
+    if start and job.attempt == 1 and "resuming" not in (e["event"] for e in job.history):
+        # a job run again under a name whose run has checkpoints continues that run
+        job.log("resuming", run=job.run, step=start)
+        changed = True
+    return changed
+
+
+def account(job: JobRecord, progress: dict) -> None:
+    """A driver's report in the job's time ledger: the start of a run first (a resume below
+    the newest step reached rolls training back), then the records, then a new checkpoint."""
+    ledger, now = job.ledger, time.time()
+    if ledger is None:
+        return
+    batch = progress.get("records") or []
+    if int(progress.get("restarts") or 0):  # a worker group Ray Train restarted: a failure
+        ledger.regrouped([job.attempt, int(progress["restarts"])], now)
+    if progress.get("start_step") is not None:  # the run began before the records it sent
+        times = [r["time"] for r in batch if isinstance(r.get("time"), (int, float))]
+        run = [job.attempt, int(progress.get("restarts") or 0)]
+        ledger.began(run, progress["start_step"], min([now, *times]))
+    for record in batch:
+        ledger.record(record, now)
+    if progress.get("checkpoint") and progress["checkpoint"] != job.last_checkpoint:
+        ledger.checkpointed(checkpoint_step(progress["checkpoint"]))

@@ -1,0 +1,146 @@
+"""What the service shows: a job's view (the CLI's `status` and `queue`, the status page, the
+HTTP API), the Prometheus exporter's snapshot, the cluster's goodput and use, and the use of
+each configured queue. Plain JSON built from the service's tables; nothing here changes them.
+The service calls these under its lock.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+from core.ledger import cluster_goodput
+from orchestrator.scheduler.admission import add, scale
+from orchestrator.scheduler.cohorts import CohortBook
+from orchestrator.scheduler.cycle import SchedulingCycle, allocation
+from orchestrator.scheduler.live import LiveMetrics
+from orchestrator.scheduler.runner import submission_id
+from orchestrator.scheduler.store import JobRecord
+from orchestrator.scheduler.watchdog import Watchdog
+
+
+class Views:
+    def __init__(
+        self,
+        jobs: dict[str, JobRecord],
+        live: dict[str, LiveMetrics],
+        watchdog: Watchdog,
+        cycle: SchedulingCycle,
+    ):
+        self.jobs, self.live, self.watchdog, self.cycle = jobs, live, watchdog, cycle
+
+    def job(self, job: JobRecord, history: bool = True) -> dict[str, Any]:
+        """A job's record as plain JSON, with what the service knows of it beyond the record."""
+        view = job.to_json()
+        view.pop("spec")  # the typed spec stays here; views are plain JSON
+        view["ledger"] = job.ledger.view(time.time(), self.mfu(job.id)) if job.ledger is not None else None
+        if not history:
+            view.pop("history")
+        view["note"] = self.cycle.notes.get(job.id)
+        view["stragglers"] = self.watchdog.stragglers(job.id) if job.state.holds_resources else []
+        view["remaining_s"] = job.remaining_s
+        view["waited_s"] = job.waited(time.time())
+        res = job.spec.resources
+        view["elastic"] = [res.min_workers, res.max_workers] if res.elastic else None
+        # the Ray Job that runs it: a driver that waits through a preemption runs later attempts too
+        view["submission"] = job.submission_id or (
+            submission_id(job.id, job.attempt) if job.attempt else None
+        )
+        return view
+
+    def queue(self, include_finished: bool = False) -> list[dict[str, Any]]:
+        """The jobs in queue order: those holding resources first, then by priority and age."""
+        jobs = [j for j in self.jobs.values() if include_finished or not j.state.is_terminal]
+        return [self.job(j, history=False) for j in sorted(jobs, key=_queue_order)]
+
+    def cluster(self) -> dict[str, Any]:
+        """The cluster's part of the service's `info()`: nodes, resources, jobs by state, goodput
+        and queues."""
+        cycle, counts = self.cycle, {}
+        for j in self.jobs.values():
+            counts[j.state.value] = counts.get(j.state.value, 0) + 1
+        return {
+            "resources": {"total": self.total(), "busy": self.busy()},
+            "nodes": len(cycle.nodes),
+            "draining": sorted(cycle.draining),
+            "node_events": list(cycle.node_events),
+            # nodes the autoscaler may still add, by type, and what it was asked for (None: no autoscaler)
+            "autoscaler": None
+            if cycle.node_types is None
+            else {"may_add": dict(cycle.scale_left), "asked_for": dict(cycle.scaling_for)},
+            "jobs": counts,
+            "goodput": self.cluster_goodput(time.time()),
+            "queues": self.queues(),
+        }
+
+    def exporter_snapshot(self) -> dict[str, Any]:
+        """What the Prometheus collector reads at each scrape (see monitoring/exporter.py)."""
+        jobs = []
+        for job in self.jobs.values():
+            view = self.job(job, history=False)
+            live = self.live.get(job.id)
+            view.update(live.snapshot() if live else {})
+            view["straggler_ratios"] = self.watchdog.ratios(job.id) if job.state.holds_resources else []
+            watch = self.watchdog.watches.get(job.id) if job.state.holds_resources else None
+            view["hung"] = bool(watch is not None and watch.clock.fired)  # until it steps again
+            view["restarts"] = (live.restarts if live else 0) + sum(
+                1 for e in job.history if e["event"] == "driver-exited"
+            )
+            jobs.append(view)
+        nodes = [{"id": n.id, "capacity": dict(n.capacity)} for n in self.cycle.nodes]
+        return {
+            "jobs": jobs,
+            "nodes": nodes,
+            "busy": self.busy(),
+            "nodes_lost": self.cycle.nodes_lost,
+            "goodput": self.cluster_goodput(time.time()),
+        }
+
+    def mfu(self, job_id: str) -> float | None:
+        live = self.live.get(job_id)
+        return (live.latest or {}).get("mfu") if live is not None else None
+
+    def cluster_goodput(self, now: float, since: float | None = None) -> dict:
+        """Goodput over the jobs in the table (those alive after `since`), each weighted by its
+        accelerators (docs/monitoring.md)."""
+        ledgers = [
+            (job.ledger, self.mfu(job.id))
+            for job in self.jobs.values()
+            if job.ledger is not None and (since is None or (job.finished_at or now) >= since)
+        ]
+        return cluster_goodput(ledgers, now).as_dict()
+
+    def total(self) -> dict[str, float]:
+        return functools.reduce(add, (node.capacity for node in self.cycle.nodes), {})
+
+    def busy(self) -> dict[str, float]:
+        held = (scale(j.per_worker, j.workers) for j in self.jobs.values() if j.state.holds_resources)
+        return functools.reduce(add, held, {})
+
+    def queues(self) -> dict | None:
+        """The queue configuration (as written: defaults left out) and each queue's use now
+        (None: no configuration)."""
+        config = self.cycle.policy.queue_config
+        if config is None:
+            return None
+        running = [allocation(j) for j in self.jobs.values() if j.state.holds_resources]
+        use = CohortBook(config, running).report()
+        for name, queue in config.queues.items():
+            if name not in use:  # a hard cap, or a queue with an order only
+                mine = [a for a in running if a.queue == name]
+                used = {r: sum(a.per_worker.get(r, 0.0) * a.workers for a in mine) for r in queue.nominal}
+                use[name] = {
+                    "cohort": None,
+                    "used": used,
+                    "nominal": dict(queue.nominal),
+                    "borrowed": {},
+                    "lent": {},
+                }
+            use[name]["order"] = queue.order
+        return {"config": config.model_dump(mode="json", exclude_defaults=True), "use": use}
+
+
+def _queue_order(job: JobRecord) -> tuple:
+    active = 0 if job.state.holds_resources else 1
+    return (active, -job.priority, job.submitted_at, job.id)
