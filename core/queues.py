@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
-from core.spec.errors import SpecError, did_you_mean_in, short, value_kind
+from core.spec.errors import SpecError, format_errors, short, value_kind
 from core.spec.schema import NAME_PATTERN, Section
 from core.spec.yaml_reader import read_yaml
 
@@ -70,9 +70,6 @@ class QueueConfig(Section):
         return {name: dict(q.nominal) for name, q in self.queues.items() if q.cohort is None and q.nominal}
 
 
-_SECTIONS = {"queues": QueueSettings, "las": LasSettings}
-
-
 def validate_queue_config(raw: Any, source: str = "queue config") -> QueueConfig:
     """The typed config, or SpecError with one line per problem (nothing is half-applied)."""
     if not isinstance(raw, dict):
@@ -80,7 +77,7 @@ def validate_queue_config(raw: Any, source: str = "queue config") -> QueueConfig
     try:
         config = QueueConfig.model_validate(raw)
     except ValidationError as err:
-        raise SpecError(_problems(err, raw), source) from None
+        raise SpecError(format_errors(err, raw, root=QueueConfig), source) from None
     problems = _reference_problems(config)
     if problems:
         raise SpecError(problems, source)
@@ -128,42 +125,3 @@ def _reference_problems(config: QueueConfig) -> list[str]:
 
 
 _NAME_RULE = "lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
-
-
-def _problems(err: ValidationError, raw: dict) -> list[str]:
-    lines = []
-    for e in err.errors(include_url=False):
-        loc = [str(p) for p in e["loc"]]
-        path = ".".join(loc) or "(top level)"
-        kind, ctx = e["type"], e.get("ctx", {})
-        got = e.get("input")
-        if kind == "extra_forbidden":
-            lines.append(f"{path}: unknown field{did_you_mean_in(_model_at(loc[:-1]), loc[-1])}")
-        elif kind == "missing":
-            lines.append(f"{path}: required field is missing")
-        elif kind in ("greater_than_equal", "greater_than"):
-            sign = ">=" if kind == "greater_than_equal" else ">"
-            bound = ctx.get("ge", ctx.get("gt"))
-            lines.append(f"{path}: must be {sign} {bound:g} (got {short(got)})")
-        elif kind == "literal_error":
-            lines.append(f"{path}: {short(got)} is not allowed; expected {ctx.get('expected', '')}")
-        elif kind in ("float_parsing", "float_type", "int_parsing", "int_type"):
-            lines.append(f"{path}: must be a number (got {value_kind(got)})")
-        elif kind == "finite_number":
-            lines.append(f"{path}: must be a finite number (got {short(got)})")
-        elif kind in ("dict_type", "model_type", "model_attributes_type"):
-            lines.append(f"{path}: expected a mapping, got {value_kind(got)}")
-        elif kind == "list_type":
-            lines.append(f"{path}: expected a list, got {value_kind(got)}")
-        else:
-            lines.append(f"{path}: {e['msg']} (got {value_kind(got)})")
-    return list(dict.fromkeys(lines))
-
-
-def _model_at(loc: list[str]) -> Any:
-    """The section class at `loc` (for "did you mean"): top level, a queue, or `las`."""
-    if not loc:
-        return QueueConfig
-    if loc[0] == "queues" and len(loc) == 2:
-        return QueueSettings
-    return _SECTIONS.get(loc[0], QueueConfig)

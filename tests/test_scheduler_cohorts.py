@@ -111,9 +111,12 @@ def test_a_queue_without_cohort_is_a_hard_cap_like_quotas():
     [
         (
             {"queues": {"team-a": {"nominal": {"GPU": -1}}}},
-            "queues.team-a.nominal.GPU: must be >= 0 (got -1)",
+            "queues.team-a.nominal.GPU: -1 is out of range; allowed: >= 0",
         ),
-        ({"queues": {"team-a": {"nominal": {"GPU": "lots"}}}}, "queues.team-a.nominal.GPU: must be a number"),
+        (
+            {"queues": {"team-a": {"nominal": {"GPU": "lots"}}}},
+            "queues.team-a.nominal.GPU: Input should be a valid number",
+        ),
         (
             {"queues": {"team-a": {"nomnal": {}}}},
             "queues.team-a.nomnal: unknown field; did you mean 'nominal'?",
@@ -133,7 +136,7 @@ def test_a_queue_without_cohort_is_a_hard_cap_like_quotas():
         ),
         ({"queues": {"Team A": {}}}, "queues: 'Team A' is not a valid queue name"),
         ({"las": {"thresholds_gpu_s": [10, 5]}}, "las.thresholds_gpu_s: must be ascending"),
-        ({"las": {"min_run_s": -1}}, "las.min_run_s: must be >= 0 (got -1)"),
+        ({"las": {"min_run_s": -1}}, "las.min_run_s: -1 is out of range; allowed: >= 0"),
         (
             {"queues": {"q": {"nominal": {"GPU": float("nan")}}}},
             "queues.q.nominal.GPU: must be a finite number",

@@ -34,8 +34,9 @@ def _one_line(problem: str, limit: int = 500) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def format_errors(err: ValidationError, raw: Any, prefix: tuple = ()) -> list[str]:
-    """pydantic's errors as 'dotted.path: reason' lines; `prefix` places `raw` inside a spec."""
+def format_errors(err: ValidationError, raw: Any, prefix: tuple = (), root: Any = JobSpec) -> list[str]:
+    """pydantic's errors as 'dotted.path: reason' lines; `prefix` places `raw` inside a spec.
+    `root`: the model `raw` was validated against (a job spec; the queue configuration)."""
     lines = []
     for e in err.errors(include_url=False):
         loc = [*prefix, *e["loc"]]
@@ -43,7 +44,7 @@ def format_errors(err: ValidationError, raw: Any, prefix: tuple = ()) -> list[st
         kind, msg = e["type"], e["msg"]
         got = _value_at(raw, e["loc"])
         if kind == "extra_forbidden":
-            lines.append(f"{path}: unknown field{_did_you_mean([str(p) for p in loc])}")
+            lines.append(f"{path}: unknown field{_did_you_mean([str(p) for p in loc], root)}")
         elif kind == "missing":
             lines.append(f"{path}: required field is missing")
         elif kind == "invalid_key":
@@ -57,7 +58,8 @@ def format_errors(err: ValidationError, raw: Any, prefix: tuple = ()) -> list[st
         elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") or (
             kind == "float_type" and type(got) is int
         ):
-            lines.append(f"{path}: {short(got)} is out of range; allowed: {_allowed_range(loc)}")
+            allowed = _allowed_range(loc, root) or _bound(e.get("ctx", {}))
+            lines.append(f"{path}: {short(got)} is out of range; allowed: {allowed}")
         elif kind == "finite_number":
             lines.append(f"{path}: must be a finite number (got {short(got)})")
         elif kind in ("model_type", "model_attributes_type", "dict_type"):
@@ -113,9 +115,9 @@ def short(value: Any, limit: int = 80, quote: bool = True) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _field_at(loc: list) -> FieldInfo | None:
+def _field_at(loc: list, root: Any = JobSpec) -> FieldInfo | None:
     """The schema field a validation error's location points at (dict keys are skipped)."""
-    model: Any = JobSpec
+    model: Any = root
     field = None
     i = 0
     while i < len(loc):
@@ -133,8 +135,9 @@ def _field_at(loc: list) -> FieldInfo | None:
     return field
 
 
-def _allowed_range(loc: list) -> str:
-    field = _field_at([p for p in loc if not isinstance(p, int)])
+def _allowed_range(loc: list, root: Any = JobSpec) -> str:
+    """ "0 to 1", ">= 5": the bounds the schema gives the field at `loc` ("" if none are found)."""
+    field = _field_at([p for p in loc if not isinstance(p, int)], root)
     bounds = {}
     for item in getattr(field, "metadata", []):
         for name in ("ge", "gt", "le", "lt"):
@@ -143,17 +146,25 @@ def _allowed_range(loc: list) -> str:
     if "ge" in bounds and "le" in bounds:
         return f"{_number(bounds['ge'])} to {_number(bounds['le'])}"
     words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    return " and ".join(f"{words[k]} {_number(v)}" for k, v in bounds.items()) or "see the README"
+    return " and ".join(f"{words[k]} {_number(v)}" for k, v in bounds.items())
+
+
+def _bound(ctx: dict) -> str:
+    """The bound pydantic names in a range error (a value inside a mapping, whose field the
+    schema walk does not reach)."""
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    found = [f"{words[k]} {_number(ctx[k])}" for k in words if k in ctx]
+    return " and ".join(found) or "see the README"
 
 
 def _number(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"
 
 
-def _did_you_mean(loc: list[str]) -> str:
+def _did_you_mean(loc: list[str], root: Any = JobSpec) -> str:
     """Suggest the closest allowed key for an unknown field."""
-    parent = _field_at(loc[:-1]) if len(loc) > 1 else None
-    model = JobSpec if len(loc) == 1 else section_type(parent.annotation) if parent else None
+    parent = _field_at(loc[:-1], root) if len(loc) > 1 else None
+    model = root if len(loc) == 1 else section_type(parent.annotation) if parent else None
     if model is None:
         return ""
     return did_you_mean_in(model, loc[-1])
