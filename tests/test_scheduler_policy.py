@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from core.queues import validate_queue_config
 from orchestrator.scheduler import (
     Allocation,
     Decision,
@@ -795,6 +796,28 @@ def simulate_cluster(nodes, jobs, policy, on_decision=None):
     return sims
 
 
+def _may_stop(policy, now, head, allocation, moving) -> bool:
+    """Each reason a pass has to stop a running job for `head` (`victims.py`)."""
+    if allocation.preemptible and allocation.priority < head.priority:
+        return True  # priority
+    if moving:  # to move it elsewhere: consent as to preemption, and it has run long enough
+        return (
+            allocation.preemptible
+            and allocation.priority <= head.priority
+            and now - allocation.started_at >= policy.move_after_s
+        )
+    config = policy.queue_config
+    if config is None:
+        return False
+    queue = config.queues.get(head.queue)
+    las = policy.las is not None and policy.las.eligible(head, now)
+    if las and las(allocation):
+        return True  # LAS: its own queue and priority, more served, past its minimum run time
+    # reclaim: a borrower of the head's cohort, from another queue
+    mine, theirs = queue and queue.cohort, config.queues.get(allocation.queue)
+    return bool(mine) and theirs is not None and theirs.cohort == mine and allocation.queue != head.queue
+
+
 def check_decision(policy, capacity, quotas, now, pending, running_now, decision):
     by_id = {r.id: r for r in pending}
     running_by_id = {a.job_id: a for a in running_now}
@@ -839,7 +862,8 @@ def check_decision(policy, capacity, quotas, now, pending, running_now, decision
         assert not any(a.stopping for a in running_now)
         for victim in decision.preempt:
             allocation = running_by_id[victim]
-            assert allocation.preemptible and not allocation.stopping and allocation.priority < head.priority
+            assert not allocation.stopping
+            assert _may_stop(policy, now, head, allocation, decision.moving), f"{victim} may not be stopped"
     check_resizes(policy, now, by_id, running_now, decision)
     # the job waiting for victims fits once they (and all stopping jobs) are gone, after this
     # decision's starts: nothing was placed into what is promised to it
@@ -861,6 +885,8 @@ def check_decision(policy, capacity, quotas, now, pending, running_now, decision
             waiting = [r for r in pending if r.id not in ids and fifo_key(r) < fifo_key(by_id[job_id])]
             assert not waiting, f"{job_id} started before {waiting[0].id} under FIFO"
         return
+    if policy.queue_config is not None:
+        return  # LAS and lenders-first reorder a priority level (test_scheduler_las, _cohorts)
     # priority: a job starts ahead of a waiting job earlier in the queue order only by backfill
     head = by_id.get(decision.head) if decision.head else None
     for job_id in ids:
@@ -925,14 +951,77 @@ policies = st.builds(
     preemption=mostly,
     backfill_window=st.sampled_from([0, 1, 3, 6, 100]),
     quotas=st.none() | st.builds(lambda a: {"research": {ACCEL: float(a)}}, st.integers(1, 6)),
+    move_after_s=st.sampled_from([0.0, 3.0, math.inf]),
 )
+# equal nodes with room for several jobs each: where free room ends up spread over nodes
+even_clusters = st.integers(2, 4).map(lambda n: [Node(f"n{i}", {ACCEL: 4.0, "cpu": 6.0}) for i in range(n)])
 
 
-@given(workloads(), policies)
+@st.composite
+def crowded(draw):
+    """Equal nodes and a burst of preemptible jobs of a few workers each: free room ends up
+    spread over the nodes, where moves happen."""
+    nodes = draw(even_clusters)
+    jobs = []
+    for index in range(draw(st.integers(4, 12))):
+        per_worker = {ACCEL: draw(st.sampled_from([1.0, 2.0, 3.0])), "cpu": 0.5}
+        request = JobRequest(
+            f"j{index}", 0, draw(st.integers(1, 2)), per_worker, float(draw(st.integers(0, 4))), True,
+            draw(st.sampled_from(["default", "research"])),
+        )  # fmt: skip
+        estimate = draw(st.sampled_from(["none", "exact"]))
+        jobs.append(SimJob(request, float(draw(st.integers(4, 15))), estimate))
+    return nodes, jobs
+
+
+@given(workloads() | crowded(), policies)
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_simulated_cluster_invariants(workload, config):
     nodes, jobs = workload
-    simulate_cluster(nodes, jobs, Policy(nodes, **config))
+    moved = []
+    simulate_cluster(nodes, jobs, Policy(nodes, **config), lambda *args: moved.append(args[1].moving))
+    event("a run with moves" if any(moved) else "no moves")
+
+
+@st.composite
+def queue_configs(draw):
+    """Both queues of the workloads `las` or `fifo`, in one cohort or none, with LAS levels,
+    promotion and minimum run times short enough to act within the workloads' seconds."""
+    orders = [draw(st.sampled_from(["las", "las", "fifo"])) for _ in range(2)]
+    cohort = draw(st.booleans())
+    queues = {}
+    for name, order in zip(("default", "research"), orders):
+        queues[name] = {"order": order}
+        if cohort:
+            queues[name] |= {"cohort": "lab", "nominal": {ACCEL: float(draw(st.integers(0, 3)))}}
+    las = {"thresholds_gpu_s": [4.0, 16.0], "starve_after_s": 6.0, "starve_factor": 1.0}
+    las["min_run_s"] = float(draw(st.sampled_from([0, 2, 5])))
+    return validate_queue_config({"cohorts": ["lab"] if cohort else [], "queues": queues, "las": las})
+
+
+@given(
+    workloads() | crowded(),
+    queue_configs(),
+    st.sampled_from([0.0, 3.0, math.inf]),
+    mostly,
+)
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_simulated_cluster_invariants_with_las_cohorts_and_moves(workload, queues, move_after_s, preemption):
+    """Capacity, gangs, no job twice, quotas, victims only for a reason the policy has, the
+    head's promised room kept, and every job finishes (a promoted job is not starved: the run
+    ends and never livelocks, with promotion after 6 s of waiting)."""
+    nodes, jobs = workload
+    policy = Policy(nodes, queues=queues, move_after_s=move_after_s, preemption=preemption)
+    seen = set()
+
+    def note(now, decision, pending, running_now):
+        if decision.preempt:
+            seen.add("moves" if decision.moving else "preemptions")
+
+    sims = simulate_cluster(nodes, jobs, policy, note)
+    for what in seen:
+        event(f"a run with {what}")
+    assert all(sim.finished is not None for sim in sims.values())
 
 
 @given(workloads(), st.builds(dict, quotas=st.none() | st.just({"research": {ACCEL: 3.0}})))

@@ -7,9 +7,11 @@ queues' nominal quotas. A queue may use more than its nominal quota (borrow) as 
 - it stays within its `borrowing_limit` above nominal (None: no limit but the pool),
 - the job is `preemptible`: borrowed quota is taken back by preemption, so a job that
   cannot be preempted runs within its queue's nominal quota only, and
-- no other queue of the cohort that uses less than its nominal quota has a job waiting (a
+- no other queue of the cohort has a job waiting that fits within its nominal quota (a
   lender's job goes before any borrowing: that is what "nominal" guarantees; while it waits,
-  the room that running jobs free is kept for it instead of being borrowed again).
+  the room that running jobs free is kept for it instead of being borrowed again). A waiting
+  job that needs to borrow itself has no such guarantee and pauses nobody: otherwise two
+  queues whose jobs both need to borrow would wait for each other for good.
 
 Reclaim: a job of a queue below its nominal quota that does not fit the pool (others
 borrowed it) is a reclaim head: borrowers, running jobs of other queues of the cohort that
@@ -93,12 +95,13 @@ class CohortBook:
                 self.waiting[job.queue].append(job)
 
     def lender_waiting(self, cohort: str, borrower: str) -> bool:
-        """True when another queue of the cohort below its nominal quota has a job waiting."""
+        """True when another queue of the cohort has a job waiting that fits within its
+        nominal quota (one that would need to borrow too waits like any borrower)."""
         for name in self.members[cohort]:
             waiting = self.waiting[name]
             while waiting and waiting[0].id in self.done:
                 waiting.popleft()
-            if name != borrower and waiting and self.below_nominal(name, waiting[0].total()):
+            if name != borrower and waiting and self._within_nominal(name, waiting[0].total()):
                 return True
         return False
 
