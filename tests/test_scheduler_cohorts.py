@@ -47,6 +47,19 @@ def test_borrowing_stops_at_the_limit():
     assert "borrowing limit" in decision.notes["a6"]
 
 
+def test_two_queues_whose_jobs_both_must_borrow_do_not_wait_for_each_other():
+    """Each job needs 6 GPUs on a nominal 4: neither is guaranteed, so neither pauses the
+    other's borrowing; the first in order runs, the other follows when it ends."""
+    pending = [job("a", "team-a", gpus=6), job("b", "team-b", gpus=6, submitted=1.0)]
+    policy = Policy(CLUSTER, queues=config())
+    assert admitted(policy.schedule(10.0, pending, [])) == ["a"]
+    assert admitted(policy.schedule(20.0, pending[1:], [])) == ["b"]
+    # a waiting job within its nominal quota still goes before anyone borrows
+    pending = [job("a6", "team-a", gpus=6), job("b4", "team-b", gpus=4, submitted=1.0)]
+    within = policy.schedule(30.0, pending, [])
+    assert admitted(within) == ["b4"] and "borrowing paused" in within.notes["a6"]
+
+
 def test_a_job_that_cannot_be_preempted_does_not_borrow():
     pending = [job(f"a{i}", "team-a", submitted=i, preemptible=i < 4) for i in range(6)]
     decision = Policy(CLUSTER, queues=config()).schedule(10.0, pending, [])
