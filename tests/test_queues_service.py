@@ -82,7 +82,8 @@ def test_a_bad_queue_file_is_refused_before_anything_is_sent_or_started(tmp_path
     for args in (("queues", "apply", str(bad)), ("up", "--queues", str(bad))):
         result = run_cli(*args, env=env, timeout=60)
         assert result.returncode == 2, result.stdout + result.stderr
-        assert result.stderr.strip() == f"error: {bad}: queues.a.nominal.slot: -1 is out of range; allowed: >= 0"
+        expected = f"error: {bad}: queues.a.nominal.slot: -1 is out of range; allowed: >= 0"
+        assert result.stderr.strip() == expected
     good = tmp_path / "good.yaml"
     good.write_text("queues:\n  a: {nominal: {slot: 1}}\n")
     result = run_cli("up", "--queues", str(good), "--quota", "a=slot:2", env=env, timeout=60)

@@ -14,6 +14,7 @@ from orchestrator.scheduler.lifecycle import Lifecycle
 from orchestrator.scheduler.policy import Policy
 from orchestrator.scheduler.store import JobRecord, Store
 from orchestrator.scheduler.types import Node
+from orchestrator.scheduler.views import Views
 from orchestrator.scheduler.watchdog import Watchdog
 
 WORKERS = {
@@ -96,6 +97,19 @@ def test_a_job_that_stops_stepping_is_hung_once_after_its_timeout():
     [(found, watch, timeout)] = dog.hung([j], now=15.0)
     assert found is j and timeout == 10 and watch.workers == WORKERS
     assert dog.hung([j], now=30.0) == []  # handled: not again for the same stall
+
+
+def test_the_job_view_says_hung_until_the_job_steps_again():
+    """The view the CLI, the HTTP API and the status page read (not only the exporter's)."""
+    dog, j = Watchdog(), job(hang_timeout_s=10)
+    views = Views({j.id: j}, {}, dog, SimpleNamespace(notes={}))
+    for i, step in enumerate(range(5, 30, 5)):
+        dog.observe(j, report(step, float(i)), now=float(i))
+    assert views.job(j)["hung"] is False
+    assert dog.hung([j], now=15.0)
+    assert views.job(j)["hung"] is True and views.job(j, history=False)["hung"] is True
+    dog.observe(j, report(30, 16.0), now=16.0)
+    assert views.job(j)["hung"] is False
 
 
 def test_only_running_jobs_of_the_current_attempt_are_judged():

@@ -39,6 +39,8 @@ class Views:
             view.pop("history")
         view["note"] = self.cycle.notes.get(job.id)
         view["stragglers"] = self.watchdog.stragglers(job.id) if job.state.holds_resources else []
+        watch = self.watchdog.watches.get(job.id) if job.state.holds_resources else None
+        view["hung"] = bool(watch is not None and watch.clock.fired)  # until it steps again
         view["remaining_s"] = job.remaining_s
         view["waited_s"] = job.waited(time.time())
         res = job.spec.resources
@@ -82,8 +84,6 @@ class Views:
             live = self.live.get(job.id)
             view.update(live.snapshot() if live else {})
             view["straggler_ratios"] = self.watchdog.ratios(job.id) if job.state.holds_resources else []
-            watch = self.watchdog.watches.get(job.id) if job.state.holds_resources else None
-            view["hung"] = bool(watch is not None and watch.clock.fired)  # until it steps again
             view["restarts"] = (live.restarts if live else 0) + sum(
                 1 for e in job.history if e["event"] == "driver-exited"
             )

@@ -348,8 +348,8 @@
    * what an autoscaler may still add ("autoscaler may add 2 gpu-8x") */
   function nodeEvents(info) {
     const recent = (info.node_events || []).filter((e) => since(e.time) < 3600).slice(-3);
-    const draining = (info.draining || []).map((n) => n.slice(0, 8) + " draining");
-    const events = draining.concat(recent.map((e) => e.node.slice(0, 8) + " " + e.event + " " + fmtDuration(since(e.time)) + " ago"));
+    const draining = (info.draining || []).map((n) => shortNode(n) + " draining");
+    const events = draining.concat(recent.map((e) => shortNode(e.node) + " " + e.event + " " + fmtDuration(since(e.time)) + " ago"));
     if (!info.autoscaler) return events;
     const room = Object.entries(info.autoscaler.may_add).filter(([, n]) => n).map(([name, n]) => n + " " + name);
     return events.concat(["autoscaler may add " + (room.join(", ") || "none")]);
@@ -525,6 +525,80 @@
     setText($("live-text"), ok ? "live · " + fmtClock(nowS()) : message);
   }
 
+  // --- a job's health: ranks that straggle, a hang, the nodes it avoids ------------------------------
+
+  const listOf = (value) => (Array.isArray(value) ? value : []);
+
+  /** A node id as the page shows node ids: its first 8 characters */
+  const shortNode = (id) => String(id).slice(0, 8);
+
+  /** A node id, shortened, with the whole id on hover */
+  function nodeLabel(id) {
+    return h("span", { class: "mono node", title: String(id) }, shortNode(id));
+  }
+
+  const fmtRatio = (ratio) => (isNum(ratio) ? ratio.toFixed(2) + "x" : "—");
+
+  const HUNG_TEXT =
+    "Hung: no step progress past the hang timeout. Its ranks' stacks are saved beside the run " +
+    "(the hung event in its history says where) and it restarts from its newest checkpoint.";
+  const HUNG_SHORT = "Hung: no step progress past the hang timeout; stacks saved, restarting";
+
+  /** "Rank 1 on node 5f0c61e1 (10.0.0.7) is a straggler: 1.91x the median rank's compute per step" */
+  function stragglerLine(s) {
+    return h(
+      "li",
+      { class: "callout warn", "data-kind": "straggler" },
+      "Rank " + s.rank,
+      s.node != null ? [" on node ", nodeLabel(s.node)] : null,
+      s.ip ? " (" + s.ip + ")" : null,
+      " is a straggler: " + fmtRatio(s.ratio) + " the median rank's compute per step",
+    );
+  }
+
+  /** The same, in a line of the row marker's title */
+  function stragglerSummary(s) {
+    const where = [s.node != null ? "node " + shortNode(s.node) : null, s.ip || null].filter(Boolean).join(", ");
+    return "Straggler: rank " + s.rank + " at " + fmtRatio(s.ratio) + " the median rank's compute per step" + (where ? " (" + where + ")" : "");
+  }
+
+  function avoidLine(nodes) {
+    const labels = nodes.flatMap((id, i) => (i ? [", ", nodeLabel(id)] : [nodeLabel(id)]));
+    return h(
+      "li",
+      { class: "callout", "data-kind": "avoiding" },
+      "Avoiding node(s) ",
+      labels,
+      " (stragglers ran there): the job is not placed on them again.",
+    );
+  }
+
+  function healthLines(job) {
+    const avoided = listOf(job.avoid_nodes);
+    return [
+      job.hung ? h("li", { class: "callout error", "data-kind": "hung" }, HUNG_TEXT) : null,
+      ...listOf(job.stragglers).map(stragglerLine),
+      avoided.length ? avoidLine(avoided) : null,
+    ];
+  }
+
+  /** The open job's warnings, under its callout; hidden while it has none */
+  function renderHealth(job) {
+    const list = $("job-health");
+    const lines = job ? healthLines(job).filter(Boolean) : [];
+    list.hidden = !lines.length;
+    replaceChildren(list, lines);
+  }
+
+  /** A row's "⚠" while its job has stragglers or is hung, saying which in its title */
+  function drawHealthFlag(flag, job) {
+    const lines = (job.hung ? [HUNG_SHORT] : []).concat(listOf(job.stragglers).map(stragglerSummary));
+    flag.hidden = !lines.length;
+    flag.className = "flag" + (job.hung ? " hung" : "");
+    setTitle(flag, lines.join("\n"));
+    if (lines.length) flag.setAttribute("aria-label", lines.join(". "));
+  }
+
   // --- the queue table ---------------------------------------------------------------------------------
 
   const rows = new Map(); // job id -> {tr, cells}: rows are updated in place, not rebuilt
@@ -534,6 +608,7 @@
       name: h("div", { class: "name" }),
       id: h("div", { class: "id mono" }),
       badge: h("span", { class: "badge" }),
+      flag: h("span", { class: "flag", role: "img", hidden: true }, "⚠"),
       priority: h("td", { class: "num" }),
       queue: h("td"),
       workers: h("td"),
@@ -559,7 +634,7 @@
       "tr",
       { "data-job-id": jobId },
       h("td", { class: "job-cell" }, c.name, c.id),
-      h("td", null, c.badge),
+      h("td", null, c.badge, c.flag),
       c.priority,
       c.queue,
       c.workers,
@@ -585,6 +660,7 @@
     setText(c.id, job.id);
     setTitle(c.id, job.id);
     badge(c.badge, job.state, job.state === "stopping" && job.stop_requested ? job.stop_requested : null);
+    drawHealthFlag(c.flag, job);
     setText(c.priority, fmtInt(job.priority));
     setText(c.queue, job.queue || "default");
     const resources = fmtResources(job.per_worker || {});
@@ -1031,6 +1107,7 @@
     callout.hidden = !text;
     callout.className = "callout" + (kind ? " " + kind : "");
     setText(callout, text || "");
+    renderHealth(job);
 
     const progress = progressOf(job);
     const rates = detail.latest ? detail.latest : ratesOf(job);
@@ -1163,6 +1240,7 @@
     callout.hidden = false;
     callout.className = "callout warn";
     setText(callout, "The orchestrator service does not know this job (any more).");
+    renderHealth(null);
   }
 
   // --- polling -------------------------------------------------------------------------------------------
