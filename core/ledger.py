@@ -200,14 +200,15 @@ class Ledger:
             self.rewound(step, time)
 
     def regrouped(self, group: list, time: float) -> None:
-        """Ray Train started a new worker group within the attempt, after a failure: from
-        `time` to the group's first step is lost (once per group)."""
+        """Ray Train started a new worker group within the attempt, after a failure (once per
+        group): from the old group's newest record to the new group's first step is lost,
+        `time` being the earliest the service heard of the new group."""
         if self.ended_at is not None or self.group == list(group):
             return
         self.group = list(group)
-        self._charge(time)
-        if self.mode in (STARTING, TRAINING):
+        if self.mode in (STARTING, TRAINING):  # the old group died after its newest record
             self.mode, self.stepped = LOST, False
+        self._charge(time)
 
     def rewound(self, step: int, now: float) -> None:
         """A run (re)started from the checkpoint at `step` (0: from scratch). Below the newest

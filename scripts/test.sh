@@ -7,4 +7,4 @@ scripts/setup.sh
 . .venv/bin/activate
 ruff check .
 ruff format --check .
-exec python -m pytest -q "$@"
+exec python -m pytest -q --durations=15 "$@"

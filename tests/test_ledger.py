@@ -344,6 +344,7 @@ def test_a_worker_group_restarted_within_an_attempt_is_lost_until_its_first_step
         ledger.regrouped([1, 1], 5.0)  # a rank died after step 20; Ray Train restarts the group
     ledger.began([1, 1], 20, 9.0)  # it resumed at the newest step: nothing to roll back
     ledger.train(30, 10.0, step_s=0.1)
-    assert ledger.seconds["lost"] == pytest.approx(4.0)  # 5..9, and the new group's start
-    assert ledger.seconds["training"] == pytest.approx(2.0 + 2.0 + 1.0)  # until the failure was seen
+    # from the old group's newest record (3 s: it died after it) to the new group's run (9 s)
+    assert ledger.seconds["lost"] == pytest.approx(6.0)
+    assert ledger.seconds["training"] == pytest.approx(2.0 + 1.0)  # to step 20; the new first step
     assert sum(ledger.seconds.values()) == pytest.approx(10.0)

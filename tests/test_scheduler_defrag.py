@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hypothesis import event, given, settings
@@ -62,6 +63,8 @@ def test_jobs_move_only_when_they_consent_and_have_run_long_enough():
     assert plan_moves(head, young, free_capacity(cluster, young), now=HOUR) == ["b"]  # not the young one
     both_young = [on("a", "n0", 4, started_at=HOUR - 60), on("b", "n1", 4, started_at=HOUR - 1)]
     assert plan_moves(head, both_young, free_capacity(cluster, both_young), now=HOUR) is None
+    starting = [dataclasses.replace(on("a", "n0", 4), starting=True), on("b", "n1", 4, started_at=HOUR - 1)]
+    assert plan_moves(head, starting, free_capacity(cluster, starting), now=HOUR) is None
     pinned = [on("a", "n0", 4, preemptible=False), on("b", "n1", 4, priority=2)]
     assert plan_moves(head, pinned, free_capacity(cluster, pinned), now=HOUR) is None
     policy = Policy(cluster, move_after_s=math.inf)  # off (a head of priority 1 would preempt them)

@@ -7,6 +7,7 @@ that follow a resize through play the service's part with the policy alone.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -351,6 +352,9 @@ def test_an_elastic_job_grows_after_grow_after_s_when_nothing_waits():
     busy = [holding("v", {"n0": 2}, sizes=(4, 2), started_at=0)]
     assert policy.schedule(119, [], busy).resize == {}
     assert policy.schedule(120, [], busy).resize == {"v": 4}
+    # still starting (its workers not training yet): it has not run at its size
+    starting = [dataclasses.replace(busy[0], starting=True)]
+    assert policy.schedule(1000, [], starting).resize == {}
     # at the largest size already: nothing to do
     assert policy.schedule(1000, [], [holding("v", {"n0": 4}, sizes=(4, 2))]).resize == {}
     # a grow is to a larger allowed size that fits: 3 fits, 4 does not, 3 is not allowed

@@ -279,6 +279,7 @@ def allocation(job: JobRecord) -> Allocation:
         user=job.user,
         attained_s=job.attained_s,
         avoid_nodes=frozenset(job.avoid_nodes),
+        starting=job.state is JobState.ADMITTED,
     )
 
 

@@ -94,6 +94,7 @@ def _movable(allocation: Allocation, head: JobRequest, now: float, min_run_s: fl
     return (
         allocation.preemptible
         and not allocation.stopping
+        and not allocation.starting
         and allocation.priority <= head.priority
         and now - allocation.started_at >= min_run_s
     )

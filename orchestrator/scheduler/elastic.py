@@ -109,6 +109,7 @@ class Resizes:
                 a
                 for a in elastic
                 if a.queue not in blocked_queues
+                and not a.starting  # it grows once it has run at its size
                 and now - a.started_at >= grow_after_s
                 and a.workers < a.sizes[0]
                 and all(node_id in self.free.by_node for node_id in a.placement)  # none on a node gone

@@ -57,12 +57,13 @@ def account(job: JobRecord, progress: dict) -> None:
     if ledger is None:
         return
     batch = progress.get("records") or []
+    times = [r["time"] for r in batch if isinstance(r.get("time"), (int, float))]
+    first = min([now, *times])  # the run began before the records it sent
     if int(progress.get("restarts") or 0):  # a worker group Ray Train restarted: a failure
-        ledger.regrouped([job.attempt, int(progress["restarts"])], now)
-    if progress.get("start_step") is not None:  # the run began before the records it sent
-        times = [r["time"] for r in batch if isinstance(r.get("time"), (int, float))]
+        ledger.regrouped([job.attempt, int(progress["restarts"])], first)
+    if progress.get("start_step") is not None:
         run = [job.attempt, int(progress.get("restarts") or 0)]
-        ledger.began(run, progress["start_step"], min([now, *times]))
+        ledger.began(run, progress["start_step"], first)
     for record in batch:
         ledger.record(record, now)
     if progress.get("checkpoint") and progress["checkpoint"] != job.last_checkpoint:

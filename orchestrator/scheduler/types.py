@@ -119,7 +119,8 @@ class Allocation:
     `JobRequest`); its current size is `workers`. () for a job of one size. `user` and
     `attained_s` as in `JobRequest`: service of the attempts before this one (the policy adds
     this attempt's part from `started_at`). `avoid_nodes` as in `JobRequest`: where it may not
-    go when it starts again (after a resize).
+    go when it starts again (after a resize). `starting`: admitted, its workers not training
+    yet; such a job is neither grown nor moved (it has not run at its size, where it is).
     """
 
     job_id: str
@@ -135,6 +136,7 @@ class Allocation:
     user: str | None = None
     attained_s: float = 0.0
     avoid_nodes: frozenset[str] = frozenset()
+    starting: bool = False
 
     def __post_init__(self) -> None:
         self.avoid_nodes = frozenset(self.avoid_nodes)
