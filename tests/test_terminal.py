@@ -24,6 +24,18 @@ def test_plain_progress_lines_are_periodic_but_events_and_the_last_step_always_s
     assert display.jobs["job"].step == 100  # the panel's values follow every record
 
 
+def test_a_step_read_again_is_not_printed_again():
+    """`submit --wait` reads from the last step shown (an evaluation of it may come later):
+    the same step comes back each poll, and the total comes from the panel, not the call."""
+    out = io.StringIO()
+    with Display(live=False, stream=out) as display:
+        display.plain_every_s = 0.0  # every new step would print
+        display.update("job", total=10)
+        for step in (5, 5, 5, 10, 10):
+            display.progress("job", f"step {step}/10", step=step)
+    assert out.getvalue().splitlines() == ["[job] step 5/10", "[job] step 10/10"]
+
+
 def test_worker_progress_prints_the_first_and_last_step_when_steps_are_fast(capsys):
     progress = ProgressReporter("job", total_steps=50, start_step=0, enabled=True, interactive=False)
     for step in range(1, 51):

@@ -67,6 +67,7 @@ class Display:
         self.jobs: dict[str, JobLine] = {}
         self._live: Live | None = None
         self._printed_at: dict[str, float] = {}
+        self._printed_step: dict[str, int | None] = {}
 
     def __enter__(self) -> Display:
         if self.live_mode:
@@ -92,10 +93,12 @@ class Display:
         """A logged step: a plain line where there is no terminal, the live panel where there is."""
         if self._live is None:
             now, last = time.monotonic(), self._printed_at.get(job)
-            step, total = values.get("step"), values.get("total")
+            line = self.jobs.get(job)
+            step, total = values.get("step"), values.get("total") or (line.total if line else None)
             last_step = bool(total) and step is not None and step >= total
-            if last is None or now - last >= self.plain_every_s or last_step:
-                self._printed_at[job] = now
+            again = step is not None and step == self._printed_step.get(job)  # read again, not new
+            if not again and (last is None or now - last >= self.plain_every_s or last_step):
+                self._printed_at[job], self._printed_step[job] = now, step
                 print(f"[{job}] {text}", file=self.stream, flush=True)
         self.update(job, **values)
 
