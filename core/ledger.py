@@ -97,7 +97,9 @@ class Ledger:
     def state(self, state: JobState | str, now: float) -> None:
         """The job changed state (`Lifecycle.set_state`)."""
         state = JobState(state)
-        if self.ended_at is not None:
+        if self.ended_at is not None or state is JobState.RUNNING:
+            # running changes no bucket (the first step ends `starting`): a record the driver
+            # reports later with an earlier time still counts
             return
         self._charge(now)
         if state is JobState.FAILED:  # what it trained since its newest checkpoint is never kept

@@ -22,7 +22,8 @@ GRAD_NORM = "grad_norm"
 SAMPLES_PER_S = "samples_per_s"
 TOKENS_PER_S = "tokens_per_s"
 TOTAL_STEPS = "total_steps"
-CHECKPOINT_SAVE_S = "checkpoint_save_s"
+CHECKPOINT_SAVE_S = "checkpoint_save_s"  # training blocked by the save
+CHECKPOINT_DURABLE_S = "checkpoint_durable_s"  # from the save's start until complete in storage
 CHECKPOINT_BYTES = "checkpoint_bytes"
 EVAL_PREFIX = "eval_"
 

@@ -219,6 +219,11 @@ class QueuedJob:
         last = (after.get("history") or [{}])[-1]
         if last.get("event") == "node-lost":
             why = f"a node it ran on was lost at step {last.get('step')}"
+        elif last.get("event") == "infrastructure-failure":
+            why = (
+                f"its collectives failed at step {last.get('step')} with every node answering"
+                f" ({last['count']})"
+            )
         elif after["state"] == "preempted":
             why = f"preempted at step {summary.get('steps')}"
         elif after["state"] in ("admitted", "running", "stopping"):
@@ -256,7 +261,7 @@ class QueuedJob:
                     f"queued behind {state['ahead']} job(s)" if state["ahead"] else "queued"
                 )
             else:  # this attempt still holds its nodes: the service is deciding about it
-                line = "waiting for the service's verdict on the failed attempt"
+                line = "waiting for the service's verdict on the failed attempt (probing its nodes)"
             if line != shown:
                 self.display.event(self.name, line)
                 self.display.update(self.name, state=state["state"], note=line)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.ray_cluster import RayHead, free_ports, start_ray_head, stop_ray_head  # noqa: F401
+from tests.s3_server import restore, start_s3_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,20 @@ def orchestrator_home(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ray_head():
+def s3():
+    """A real S3 API server (moto_server) for the session, its endpoint and credentials in the
+    environment of this process and of every cluster started after it."""
+    server = start_s3_server()
+    previous = server.use()
+    try:
+        yield server
+    finally:
+        server.stop()
+        restore(previous)
+
+
+@pytest.fixture(scope="session")
+def ray_head(s3):  # its processes inherit the S3 server's endpoint and credentials
     head = start_ray_head()
     try:
         yield head
@@ -72,18 +86,35 @@ FAULTS_ENV = "ORCHESTRATOR_TEST_FAULTS"  # workers/faults.py
 
 
 class Service:
-    def __init__(self, head, home: Path, store: Path, runs: Path):
-        self.head, self.home, self.store, self.runs = head, home, store, runs
+    """The service of the tests' three-node cluster. `runs` is storage every node sees (the
+    machine's disk, declared shared with `up --shared-storage`, as an NFS mount would be);
+    `local` is a disk of each node's own (a tmpfs per worker node); `s3` the S3 server."""
+
+    def __init__(self, head, home: Path, store: Path, runs: Path, s3=None):
+        self.head, self.home, self.store, self.runs, self.s3 = head, home, store, runs, s3
         self.env = {**head.env, "ORCHESTRATOR_HOME": str(home)}
 
     def cli(self, *args, timeout=240):
         return run_cli(*args, env=self.env, timeout=timeout)
 
+    def up_args(self, *extra: str) -> list[str]:
+        """`orchestrator up` as the fixture ran it: this cluster, this store, `runs` shared."""
+        return [
+            "up",
+            "--address",
+            self.head.address,
+            "--store",
+            str(self.store),
+            "--metrics-port",
+            "0",
+            "--shared-storage",
+            str(self.runs),
+            *extra,
+        ]
+
     def up(self) -> subprocess.CompletedProcess:
         """`orchestrator up` on this service's cluster and store; it must work."""
-        result = self.cli(
-            "up", "--address", self.head.address, "--store", str(self.store), "--metrics-port", "0"
-        )
+        result = self.cli(*self.up_args())
         assert result.returncode == 0, result.stdout + result.stderr
         return result
 
@@ -111,14 +142,27 @@ class Service:
         return result.stdout.split()[0] if not extra else result
 
     def job(self, job_id: str) -> dict:
-        return json.loads((self.store / "jobs" / f"{job_id}.json").read_text())
+        job = self._read(job_id)
+        if job is None:
+            raise FileNotFoundError(f"no record of {job_id} in {self.store}")
+        return job
+
+    def _read(self, job_id: str) -> dict | None:
+        """The job's record in the store (a path, or a URI: s3://), None while there is none."""
+        from core import storage
+
+        fs, path = storage.resolve(storage.join(str(self.store), "jobs", f"{job_id}.json"))
+        try:
+            with fs.open_input_stream(path) as src:
+                return json.loads(src.read())
+        except FileNotFoundError:
+            return None
 
     def wait(self, job_id: str, predicate, timeout=240, what="") -> dict:
         deadline = time.time() + timeout
         while time.time() < deadline:
-            path = self.store / "jobs" / f"{job_id}.json"
-            if path.exists():
-                job = json.loads(path.read_text())
+            job = self._read(job_id)
+            if job is not None:
                 if predicate(job):
                     return job
                 if job["state"] in ("failed", "stopped") and "failed" not in what:
@@ -137,33 +181,24 @@ GROW_AFTER_S = 5.0  # an elastic job grows back soon after room frees (the produ
 
 
 @pytest.fixture(scope="session")
-def service(tmp_path_factory):
+def service(tmp_path_factory, s3):
     tmp = tmp_path_factory.mktemp("service")
     cpus, slots = SERVICE_NODES["head"]
     # faults a test injects into its job (workers/faults.py): the cluster's processes inherit it
     faults = tmp / "faults"
     faults.mkdir()
     os.environ[FAULTS_ENV] = str(faults)
-    head = start_ray_head(num_cpus=cpus, resources={"slot": slots})
-    svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
+    head = start_ray_head(num_cpus=cpus, resources={"slot": slots})  # Ray's own health checks
+    svc = Service(head, tmp / "home", tmp / "store", tmp / "runs", s3)
     svc.faults = faults
+    svc.local = tmp / "local"  # each worker node's own disk
+    svc.local.mkdir()
+    head.private_disks = [str(svc.local)]
     try:
         for name, (cpus, slots) in SERVICE_NODES.items():
             if name != "head":
                 head.add_node(name, cpus, {"slot": slots})
-        up = svc.cli(
-            "up",
-            "--address",
-            head.address,
-            "--store",
-            str(svc.store),
-            "--start-deadline",
-            "120",
-            "--metrics-port",
-            "0",
-            "--grow-after",
-            str(GROW_AFTER_S),
-        )
+        up = svc.cli(*svc.up_args("--start-deadline", "120", "--grow-after", str(GROW_AFTER_S)))
         assert up.returncode == 0, up.stdout + up.stderr
         assert "orchestrator service up" in up.stdout and head.dashboard in up.stdout
         assert f"{len(SERVICE_NODES)} node(s)" in up.stdout, up.stdout

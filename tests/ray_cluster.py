@@ -5,6 +5,12 @@ of its own on this machine with its own logical CPUs, custom resources and node 
 `kill_node` SIGKILLs one node's raylet as a hardware fault would. Every port gets a free one
 so that a test cluster never meets another on the machine, and everything is stopped by its
 own process group (not `ray stop`, which stops every Ray on the machine).
+
+The clusters run as operators run theirs: Ray's own health checks (nothing tuned), and, where
+a head names `private_disks`, each worker node with a disk of its own: its raylet and every
+process it starts live in a mount namespace of their own (`unshare --mount`) with a fresh
+tmpfs over each of those directories, so what a worker writes there only that node sees, as
+on separate machines. The head sees the machine's real directories.
 """
 
 from __future__ import annotations
@@ -26,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-
-from orchestrator.ray.cluster import NODE_HEALTH_CHECK  # as the heads `orchestrator up` starts
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -89,29 +93,31 @@ class RayHead:
     autoscaling_config: str | None = None  # the autoscaler's cluster config, when it has one
     nodes: list[RayNode] = field(default_factory=list)  # worker nodes, in the order they joined
     restarted: list[subprocess.Popen] = field(default_factory=list)  # head processes started again
+    private_disks: list[str] = field(default_factory=list)  # a tmpfs of its own there on each worker node
 
     def add_node(self, name: str, num_cpus: int, resources: dict | None = None) -> RayNode:
         """Join one more node (a raylet of its own) and wait until Ray lists it."""
         node_manager, object_manager, agent, agent_grpc, runtime_env, metrics = free_ports(6)
         log = Path(self.temp_dir, f"{name}.log")
+        command = [
+            RAY,
+            "start",
+            "--block",
+            f"--address={self.address}",
+            f"--node-manager-port={node_manager}",
+            f"--object-manager-port={object_manager}",
+            f"--dashboard-agent-listen-port={agent}",
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--runtime-env-agent-port={runtime_env}",
+            f"--metrics-export-port={metrics}",
+            f"--temp-dir={self.temp_dir}/{name}",
+            f"--num-cpus={num_cpus}",
+            *([f"--resources={json.dumps(resources)}"] if resources else []),
+            "--include-log-monitor=false",  # the head's monitor reads this machine's logs
+            "--disable-usage-stats",
+        ]
         process = subprocess.Popen(
-            [
-                RAY,
-                "start",
-                "--block",
-                f"--address={self.address}",
-                f"--node-manager-port={node_manager}",
-                f"--object-manager-port={object_manager}",
-                f"--dashboard-agent-listen-port={agent}",
-                f"--dashboard-agent-grpc-port={agent_grpc}",
-                f"--runtime-env-agent-port={runtime_env}",
-                f"--metrics-export-port={metrics}",
-                f"--temp-dir={self.temp_dir}/{name}",
-                f"--num-cpus={num_cpus}",
-                *([f"--resources={json.dumps(resources)}"] if resources else []),
-                "--include-log-monitor=false",  # the head's monitor reads this machine's logs
-                "--disable-usage-stats",
-            ],
+            with_private_disks(command, self.private_disks),
             env={**os.environ, **self.env},
             stdout=open(log, "w"),
             stderr=subprocess.STDOUT,
@@ -135,9 +141,39 @@ class RayHead:
         return killed_at
 
 
-def list_nodes(dashboard: str, env: dict) -> list[dict]:
-    """Ray's node table through the dashboard's state API (what `ray list nodes` reads)."""
-    return _state_api(dashboard, env, "nodes", limit=1000)
+# mounts a tmpfs over each directory before `--`, then runs what follows it, in the mount
+# namespace `unshare` made (private propagation: the mounts never reach the machine's)
+_MOUNT_THEN_RUN = (
+    'set -e; while [ "$1" != -- ]; do mount -t tmpfs -o size=4g node-disk "$1"; shift; done; shift; exec "$@"'
+)
+
+
+def with_private_disks(command: list[str], directories: list[str]) -> list[str]:
+    """`command` run in a mount namespace of its own with a fresh tmpfs over each directory (which
+    must exist): a node's own disk. As root (CI); elsewhere in a user namespace of one's own."""
+    if not directories:
+        return command
+    as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        *as_root,
+        "sh",
+        "-c",
+        _MOUNT_THEN_RUN,
+        "sh",
+        *directories,
+        "--",
+        *command,
+    ]
+
+
+def list_nodes(dashboard: str, env: dict, detail: bool = False) -> list[dict]:
+    """Ray's node table through the dashboard's state API (what `ray list nodes` reads); with
+    `detail`, each node's start and end times too."""
+    return _state_api(dashboard, env, "nodes", limit=1000, **({"detail": "true"} if detail else {}))
 
 
 def list_actors(dashboard: str, env: dict, class_name: str) -> list[dict]:
@@ -208,7 +244,7 @@ def start_ray_head(
             "--disable-usage-stats",
             *scaling_args,
         ],
-        env={**os.environ, **env, **NODE_HEALTH_CHECK, **_redis_env(redis), **scaling_env},
+        env={**os.environ, **env, **_redis_env(redis), **scaling_env},  # Ray's own health checks
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -361,4 +397,5 @@ def stop_ray_head(head: RayHead) -> None:
         with contextlib.suppress(psutil.Error):
             if head.temp_dir in " ".join(process.info["cmdline"] or []):
                 process.kill()
-    shutil.rmtree(head.temp_dir, ignore_errors=True)
+    if not os.environ.get("KEEP_RAY_TMP"):  # set it to read a failed test's driver logs afterwards
+        shutil.rmtree(head.temp_dir, ignore_errors=True)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from tests.conftest import ROOT, SERVICE_SPEC
 from tests.ray_cluster import RAY, list_actors, list_nodes
 from tests.test_parallel import FP32_TOL
 from tests.test_service import events, train_steps, when
+from workers.checkpoint_files import incomplete_reason
 
 
 def alive_nodes(service) -> set[str]:
@@ -61,47 +63,120 @@ def test_a_gang_lands_on_exactly_the_nodes_the_service_counted(service):
         service.cli("stop", job_id, "--now")
 
 
+def ray_declared_dead_at(service, node_id: str) -> float | None:
+    """When Ray's node table says the node died (its own health checks gave up), or None yet."""
+    nodes = list_nodes(service.head.dashboard, service.head.env, detail=True)
+    node = next(n for n in nodes if n["node_id"] == node_id)
+    return node["end_time_ms"] / 1000 if node["state"] == "DEAD" else None
+
+
+def test_the_service_reads_the_health_checks_the_cluster_runs_with(service):
+    """The test cluster leaves Ray's health checks as Ray ships them; the service reads them
+    from the head's GCS and waits as long as they imply, no longer."""
+    from orchestrator.ray.node_health import HealthChecks
+
+    checks = HealthChecks.of_cluster(service.head.address)
+    assert checks.source == "the cluster's GCS"
+    assert (checks.period_s, checks.timeout_s, checks.threshold) == (3.0, 10.0, 5)
+
+
 @pytest.mark.timeout(600)
 def test_a_node_lost_under_a_job_requeues_it_to_resume_on_the_nodes_that_remain(service):
+    """kill -9 of a worker node under a 2-node gang that checkpoints to S3, on a cluster with
+    Ray's default health checks (a dead node is Ray's verdict only ~15 s later): the service's
+    own probe requeues the job, it trains again on the nodes that remain, and no job is placed
+    on the dead node meanwhile."""
+    runs = service.s3.uri("node-loss")
     # long enough that the node dies mid-run on a loaded machine (the kill takes a few seconds)
-    a = service.submit("checkpoint.every_steps=100", steps=2500, name="node-loss")
+    a = service.submit(
+        f"checkpoint.storage={runs}", "checkpoint.every_steps=100", steps=2500, name="node-loss"
+    )
     waiting = service.submit(steps=30, name="bystander")  # queued behind it: no room for two
-    run_dir = service.runs / service.job(a)["run"]
+    run_uri = f"{runs}/{service.job(a)['run']}"
     ids = {service.head.node_id_of(n): n for n in service.head.nodes if n.process.poll() is None}
     job = service.wait(a, lambda j: j["state"] == "running" and j["step"] >= 250, what="step 250")
+    # a gang across two nodes, each rank's part of every checkpoint in the bucket
+    assert len(job["placement"]) == 2
+    newest = next(c for c in reversed(checkpoints(run_uri)) if incomplete_reason(c) is None)
+    parts = service.s3.files("node-loss", "node-loss", newest.rsplit("/", 1)[-1])
+    assert {"rng/rank_00000.pt", "rng/rank_00001.pt", "manifest.json"} <= set(parts), parts
+    assert {name[:3] for name in parts if name.endswith(".distcp")} == {"__0", "__1"}
     victim = next(node_id for node_id in job["placement"] if node_id in ids)  # a worker node, not the head
     killed_at = service.head.kill_node(ids[victim])
-    on_disk = sorted(checkpoint_step(c) for c in checkpoints(str(run_dir)))  # at the kill
+    complete = [c for c in checkpoints(run_uri) if incomplete_reason(c) is None]
+    on_storage = sorted(checkpoint_step(c) for c in complete)  # at the kill
     requeued = service.wait(a, lambda j: "node-lost" in events(j), timeout=60, what="node-lost")
     noticed_s = when(requeued, "node-lost") - killed_at
     lost_event = next(e for e in requeued["history"] if e["event"] == "node-lost")
     assert lost_event["nodes"] == [victim]
-    assert noticed_s < 15, f"the service noticed the lost node after {noticed_s:.1f} s"
+    assert lost_event["why"][victim].startswith("does not answer"), lost_event
+    assert noticed_s < 10, f"the service noticed the lost node after {noticed_s:.1f} s"
     queue = service.cli("queue")
-    assert f"{victim[:8]} lost" in queue.stdout, queue.stdout  # the cluster line names it
+    assert f"{victim[:8]} unreachable" in queue.stdout, queue.stdout  # the cluster line names it
 
+    again = service.wait(a, lambda j: events(j).count("admitted") >= 2, timeout=60, what="admitted again")
+    assert victim not in again["placement"]
+    # admitted elsewhere while Ray still listed the dead node alive: the service's probe, not Ray
+    readmitted = when(again, "admitted", 1)
+    dead_at = ray_declared_dead_at(service, victim)
+    assert dead_at is None or readmitted < dead_at, (readmitted - killed_at, dead_at - killed_at)
     again = service.wait(a, lambda j: events(j).count("running") >= 2, timeout=180, what="running again")
     back_s = when(again, "running", 1) - killed_at
+    assert back_s < 60, f"training again {back_s:.1f} s after the kill"
     assert set(again["placement"]) <= alive_nodes(service)
-    assert victim not in again["placement"]
     # the job kept its place: the queued job behind it was never admitted meanwhile
     assert service.job(waiting)["attempt"] == 0
 
     done = service.done(a, timeout=300)
     lost_event = next(e for e in done["history"] if e["event"] == "node-lost")  # made exact since
-    steps = [r["step"] for r in read_metrics(str(run_dir)) if "loss" in r]
+    steps = [r["step"] for r in read_metrics(run_uri) if "loss" in r]
     assert steps == sorted(set(steps)) and steps[-1] == 2500  # every step logged once, in order
     assert lost_event["step"] < 2500, "the job had finished training before its node died"
     resumed = done["summary"]["resumed_from_step"]
-    assert resumed in on_disk[-2:] and resumed > 0  # the newest (complete) checkpoint
+    # the newest complete checkpoint: one the dead node's rank finished uploading as it died counts
+    assert on_storage[-1] <= resumed <= lost_event["step"] and resumed > 0
     lost = lost_event["steps_lost"]
     assert lost_event["step"] - lost == resumed  # lost: the steps after it
     assert 0 <= lost <= 100 and done["steps_lost"] == lost
+    dead_at = ray_declared_dead_at(service, victim)
     print(
-        f"node loss: noticed in {noticed_s:.1f} s, training again {back_s:.1f} s after the kill, "
-        f"{lost} steps lost (checkpoint every 100)"
+        f"node loss (Ray's default health checks): noticed in {noticed_s:.1f} s, training again "
+        f"{back_s:.1f} s after the kill, {lost} steps lost (checkpoint every 100); Ray declared the "
+        f"node dead {dead_at - killed_at:.1f} s after the kill"
     )
     assert service.cli("stop", waiting, "--now").returncode == 0  # it has shown what it had to
+
+
+def test_each_worker_node_has_a_disk_of_its_own(service):
+    """The test cluster as separate machines are: what a worker node's processes write under
+    `local` only that node sees (read through each raylet's own view of the file system)."""
+    raylets = {n.name: n.raylet().pid for n in service.head.nodes if n.process.poll() is None}
+    for name, pid in raylets.items():
+        Path(f"/proc/{pid}/root{service.local}/written-on-{name}").write_text(name)
+    for name, pid in raylets.items():  # each node sees its own file, and only its own
+        seen = sorted(p.name for p in Path(f"/proc/{pid}/root{service.local}").iterdir())
+        assert seen == [f"written-on-{name}"], (name, seen)
+    assert raylets and not list(service.local.iterdir())  # and the head (the machine) none of them
+
+
+def test_checkpoints_on_one_disk_per_node_are_refused_for_a_cluster_of_many_nodes(service):
+    """A gang across nodes would leave each rank's checkpoint on its own machine: refused at
+    submission, naming the field, nothing queued. The same job on storage every node reaches
+    (S3) runs: test_a_node_lost_under_a_job... trains that gang on S3."""
+    before = set(service.store.glob("jobs/*.json"))
+    refused = service.cli(
+        "submit",
+        SERVICE_SPEC,
+        *("--set", "resources.custom_per_worker.slot=1"),
+        *("--set", f"checkpoint.storage={service.local / 'runs'}"),
+        *("--set", "name=local-disk"),
+    )
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith(f"error: checkpoint.storage: '{service.local / 'runs'}' is a local path"), line
+    assert "nodes has a disk of its own" in line and "--shared-storage" in line
+    assert f"(declared shared: {service.runs})" in line  # what the operator declared, for comparison
+    assert set(service.store.glob("jobs/*.json")) == before
 
 
 @pytest.mark.timeout(400)

@@ -23,6 +23,7 @@ from core.run_folder import checkpoint_step, checkpoints
 from tests.conftest import Service
 from tests.ray_cluster import restart_gcs, start_ray_head, start_redis, stop_ray_head
 from tests.test_service import events, train_steps, when
+from workers.checkpoint_files import incomplete_reason
 
 
 def logged_steps(run_dir) -> list[int]:
@@ -83,9 +84,11 @@ def test_a_gcs_restart_with_redis_loses_no_job_and_runs_none_twice(ft_service):
 
 
 @pytest.mark.timeout(600)
-def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_jobs(tmp_path):
+def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_jobs(tmp_path, s3):
+    """The job store and the checkpoints on S3 (`up --store s3://...`): the submission's
+    package, the records and the lease live in the bucket; a new head takes them over."""
     heads = [start_ray_head(num_cpus=4, resources={"slot": 2})]
-    svc = Service(heads[0], tmp_path / "home", tmp_path / "store", tmp_path / "runs")
+    svc = Service(heads[0], tmp_path / "home", s3.uri("head-lost", "store"), s3.uri("head-lost", "runs"))
     serving = False  # whether a service is up on a live head, for `down` at the end
     try:
         svc.up()
@@ -94,7 +97,7 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
         waits = svc.submit("resources.num_workers=1", steps=30, name="waits")  # no room beside it
         svc.wait(trains, lambda j: j["state"] == "running", what="running")
         deadline = time.time() + 120  # until its metrics log (flushed every few seconds) has step 500
-        while not (steps := logged_steps(svc.runs / "trains")) or steps[-1] < 500:
+        while not (steps := logged_steps(f"{svc.runs}/trains")) or steps[-1] < 500:
             assert time.time() < deadline, "no step 500 in the metrics log"
             time.sleep(0.5)
         # the head machine dies: every process of the cluster at once, the service among them
@@ -107,10 +110,14 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
         psutil.wait_procs(machine, timeout=30)
         running = [p for p in machine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not processes_of(heads[0]) and not running
-        saved = max(checkpoint_step(c) for c in checkpoints(str(svc.runs / "trains")))
-        trained = train_steps(svc.runs / "trains")[-1]  # the log is flushed every few seconds
+        saved = max(
+            checkpoint_step(c) for c in checkpoints(f"{svc.runs}/trains") if incomplete_reason(c) is None
+        )
+        trained = train_steps(f"{svc.runs}/trains")[-1]  # the log is flushed every few seconds
         stored = {job_id: svc.job(job_id)["state"] for job_id in (trains, waits)}
         assert stored == {trains: "running", waits: "queued"}  # the store kept the queue as it was
+        assert s3.files("head-lost", "store", "packages", trains)  # the project it runs, in the bucket
+        assert "service.json" in s3.files("head-lost", "store")  # the dead service's lease
 
         heads.append(start_ray_head(num_cpus=4, resources={"slot": 2}))  # a new head, the same store
         svc.head, svc.env = heads[1], {**heads[1].env, "ORCHESTRATOR_HOME": str(svc.home)}
@@ -123,7 +130,7 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
         # started again by a new driver, once; the waiting job ran once, after it
         assert events(first).count("node-lost") == 1 and first["attempt"] == 2 and second["attempt"] == 1
         assert when(second, "admitted") >= when(first, "succeeded")  # the queue's order held
-        steps = train_steps(svc.runs / "trains")
+        steps = train_steps(f"{svc.runs}/trains")
         assert steps == list(range(5, 3001, 5))  # each step once in the log: the lost ones were redone
         print(
             f"head lost without Redis: resumed at step {saved} (trained to >= {trained}); "

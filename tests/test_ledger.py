@@ -62,6 +62,22 @@ def test_a_normal_run_splits_its_time_and_sums_to_the_wall_time():
     assert goodput.overall == pytest.approx(23 / 50 * 0.4)
 
 
+def test_a_short_run_whose_records_arrive_after_it_is_marked_running_still_trained():
+    """A job that trains in less than a driver's report interval: the report that marks it
+    running comes before the one with its records, whose times are earlier. Its training
+    counts all the same (it was once charged to `starting`)."""
+    ledger = Ledger(submitted_at=0.0)
+    ledger.state(A, 10.0)
+    ledger.state(R, 30.0)  # workers started; the driver had seen no record yet
+    ledger.rewound(0, 27.0)  # the run began before that report
+    ledger.record(train(10, 28.0, data_s=0.01, compute_s=0.08, optimizer_s=0.01), now=31.0)
+    ledger.record(train(30, 29.0, total_steps=30), now=31.0)
+    ledger.state(JobState.SUCCEEDED, 32.0)
+    spent = ledger.buckets(99.0)
+    assert spent["starting"] == pytest.approx(27.0 - 10.0) and spent["training"] == pytest.approx(2.0)
+    assert sum(spent.values()) == pytest.approx(32.0)
+
+
 def test_a_live_job_counts_up_to_now_without_changing_its_ledger():
     ledger = Ledger(submitted_at=100.0)
     assert ledger.buckets(130.0)["queued"] == 30.0 and ledger.wall_s(130.0) == 30.0

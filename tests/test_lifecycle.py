@@ -13,7 +13,9 @@ import pytest
 
 from core.jobs import TRANSITIONS, IllegalTransition, JobState, check_transition
 from core.spec import validate
+from orchestrator.scheduler import progress
 from orchestrator.scheduler.lifecycle import Lifecycle
+from orchestrator.scheduler.live import LiveMetrics
 from orchestrator.scheduler.store import Store
 from orchestrator.scheduler.submission import new_record
 from tests.conftest import ROOT
@@ -121,6 +123,25 @@ def test_a_driver_that_dies_while_running_requeues_with_the_steps_it_lost(life):
     life.driver_gone(job, now=2.0, status="FAILED")
     assert job.state is JobState.QUEUED and job.steps_lost == 7 and job.not_before > 2.0
     assert job.history[-1]["event"] == "driver-exited"
+
+
+def test_a_node_loss_counts_its_lost_steps_from_where_the_next_attempt_resumed(life):
+    job = queued(life)
+    life.admit(job, {"node-a": 1, "node-b": 1}, now=1.0)
+    life.mark_running(job, attempt=1)
+    job.step, job.last_checkpoint = 470, "/runs/job/checkpoint_00000400"
+    life.node_lost(job, ["node-b"], now=2.0, why={"node-b": "does not answer (refused)"})
+    assert job.steps_lost == 70  # noticed: from the last step and checkpoint the service knew
+    # the ended attempt's summary: it reached 500; its driver knew of no newer checkpoint
+    life.correct_node_loss(job, 1, {"steps": 500, "checkpoint_step": 400})
+    assert job.steps_lost == 100
+    life.admit(job, {"node-a": 2}, now=3.0)
+    # the checkpoint at 500 was announced after the abort: the next attempt starts there
+    live, watchdog = LiveMetrics(), SimpleNamespace(observe=lambda *a: None)
+    assert progress.fold(job, {"start_step": 500, "step": 500}, live, watchdog)
+    lost = next(e for e in job.history if e["event"] == "node-lost")
+    assert job.steps_lost == 0 and lost["steps_lost"] == 0 and lost["resumed_at"] == 500
+    assert not progress.fold(job, {"start_step": 500, "step": 500}, live, watchdog)  # once
 
 
 def test_the_table_refuses_what_no_path_leads_to(life):

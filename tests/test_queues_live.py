@@ -133,7 +133,7 @@ def test_a_bad_queue_file_is_refused_with_one_line_and_changes_nothing(service, 
     # `up --queues` on a running service applies the file too; a bad one stops it before anything
     good = bad.args[-1].replace("bad.yaml", "good.yaml")
     Path(good).write_text("cohorts: [lab]\nqueues:\n  lab: {cohort: lab, nominal: {slot: 2}}\n")
-    up = ["up", "--address", service.head.address, "--store", str(service.store), "--queues"]
+    up = service.up_args("--queues")
     assert service.cli(*up, bad.args[-1]).returncode == 2 and show(service) == before
     result = service.cli(*up, good)
     assert result.returncode == 0, result.stdout + result.stderr

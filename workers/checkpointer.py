@@ -2,11 +2,12 @@
 
 It owns the cadence (`checkpoint.every_steps`), the synchronous save and the asynchronous one
 (shards written in the background to a staging folder, published at the next save or at the
-end), pruning to `checkpoint.keep` after each save (rank 0, one rule in every launcher:
-`checkpoint_files.prune`), resuming, and the accounting: the time training waits for saves,
-how many it made, the newest checkpoint and its step, and the newest save's time and size,
-which join the next metrics record. What it saves (model, optimizer, schedule, grad scaler,
-`TrainState`) it reads from the trainer at save time.
+end), pruning to `checkpoint.keep` once a save is durable (complete in storage; rank 0, one
+rule in every launcher: `checkpoint_files.prune`), resuming, and the accounting: the time
+training waits for saves, how many it made, the newest checkpoint and its step, and the newest
+save's blocked time, time until durable and size, which join the next metrics record. What it
+saves (model, optimizer, schedule, grad scaler, `TrainState`) it reads from the trainer at
+save time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import math
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,10 +61,12 @@ class Checkpointer:
     def __init__(self, spec: JobSpec, ctx: RunContext, trainer: Trainer):
         self.spec, self.ctx, self.trainer = spec, ctx, trainer
         self.pending: checkpoint.PendingSave | None = None  # an async save being written
+        self._pending_started = 0.0  # when it began (perf_counter)
         self.blocked_s, self.saves = 0.0, 0  # time training waited for saves; saves made
         self.last_checkpoint: str | None = None
         self.last_saved_step: int | None = None
-        self._newest_save: dict = {}  # its time and size, for the next record
+        self._newest_save: dict = {}  # its times and size, for the next record
+        self._newest_lock = threading.Lock()  # a save becomes durable on an upload thread
         self.left: dict[str, str] = {}  # folders pruning left in place: {name: why}
 
     def should_save(self, step: int) -> bool:
@@ -75,23 +79,34 @@ class Checkpointer:
         return [{"checkpoint": name, "reason": reason} for name, reason in sorted(self.left.items())]
 
     def take_save_fields(self) -> dict:
-        """The newest save's `checkpoint_save_s` and `checkpoint_bytes`, once: for the next record."""
-        fields, self._newest_save = self._newest_save, {}
+        """The newest save's `checkpoint_save_s`, `checkpoint_durable_s` and `checkpoint_bytes`
+        (those known by now), once: for the next record."""
+        with self._newest_lock:
+            fields, self._newest_save = self._newest_save, {}
         return fields
+
+    def _note(self, **fields) -> None:
+        with self._newest_lock:
+            self._newest_save.update(fields)
 
     # -- saving ------------------------------------------------------------------------
 
     def save(self) -> None:
         """Checkpoint the current step; the time training waits here counts in `blocked_s`."""
         started = time.perf_counter()
-        self._save()
+        self._save(started)
         blocked = time.perf_counter() - started
         self.blocked_s += blocked
         self.saves += 1
-        self._newest_save[records.CHECKPOINT_SAVE_S] = blocked
-        step = self.trainer.state.step
-        if self.ctx.is_main and self.last_checkpoint and self.last_saved_step == step:
-            self._newest_save[records.CHECKPOINT_BYTES] = _size(self.last_checkpoint)
+        self._note(**{records.CHECKPOINT_SAVE_S: blocked})
+
+    def _durable(self, step: int, uri: str, started: float) -> None:
+        """The checkpoint of `step` is complete in storage (called on rank 0, maybe on an
+        upload thread): prune older ones, and note how long it took and its size."""
+        self._prune(step)
+        if self.ctx.is_main:
+            durable = time.perf_counter() - started
+            self._note(**{records.CHECKPOINT_DURABLE_S: durable, records.CHECKPOINT_BYTES: _size(uri)})
 
     def save_final(self) -> None:
         """The run's last step (or the step a stopped run resumes from), unless just saved."""
@@ -112,12 +127,13 @@ class Checkpointer:
             "model": json.dumps(self.spec.model.model_dump(mode="json")),  # for `orchestrator export`
         }
 
-    def _save(self) -> None:
+    def _save(self, started: float) -> None:
         trainer, state = self.trainer, self.trainer.state
         trainer_state = self._trainer_state()
         last = state.history[-1] if state.history else {}
         if self.spec.checkpoint.async_save:
             self._publish()  # the previous one (long finished, normally)
+            self._pending_started = started
             self.pending = checkpoint.save_async(
                 self._staging_dir(state.step),
                 state.step,
@@ -135,9 +151,11 @@ class Checkpointer:
                 directory, trainer.model, trainer.optimizer, trainer_state, state.history, self.ctx.rank
             )
 
-        self.last_checkpoint = self.ctx.save_checkpoint(state.step, write, last)
-        self.last_saved_step = state.step
-        self._prune(state.step)
+        step = state.step
+        self.last_checkpoint = self.ctx.save_checkpoint(
+            step, write, last, lambda uri: self._durable(step, uri, started)
+        )
+        self.last_saved_step = step
 
     def _staging_dir(self, step: int) -> Path:
         """Where async shard files are written first: next to the checkpoints when the storage
@@ -158,9 +176,11 @@ class Checkpointer:
         if pending is None:
             return
         pending.wait()
-        self.last_checkpoint = self.ctx.save_checkpoint(pending.step, pending.publish, pending.metrics)
-        self.last_saved_step = pending.step
-        self._prune(pending.step)
+        step, started = pending.step, self._pending_started
+        self.last_checkpoint = self.ctx.save_checkpoint(
+            step, pending.publish, pending.metrics, lambda uri: self._durable(step, uri, started)
+        )
+        self.last_saved_step = step
         shutil.rmtree(pending.staging, ignore_errors=True)
         for empty in (pending.staging.parent, pending.staging.parent.parent):  # <run>, .staging
             with contextlib.suppress(OSError):

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from core import storage
 from core.run_folder import checkpoint_name, checkpoint_step, run_name
 from core.spec import JobSpec
+from workers import checkpoint_upload
 from workers.checkpoint import CheckpointError, checkpoint_group
 from workers.checkpoint_files import damage_reason, has_checksums, incomplete_reason, newest_valid
 from workers.run_log import RunLog
@@ -61,9 +62,16 @@ class RunContext:
         the training thread)."""
         return None
 
-    def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
-        """Collective: `write(local_dir)` writes this rank's part; returns the checkpoint's URI
-        once every rank's part is in storage (pruning is the checkpointer's)."""
+    def save_checkpoint(
+        self,
+        step: int,
+        write: Callable[[str], None],
+        metrics: dict,
+        on_durable: Callable[[str], None],
+    ) -> str:
+        """Collective: `write(local_dir)` writes this rank's part; returns the checkpoint's URI.
+        `on_durable(uri)` is called on rank 0 once every rank's part is in storage: before this
+        returns, or later from an upload thread (on Ray: off the training path)."""
         raise NotImplementedError
 
     def log_metrics(self, record: dict) -> None:
@@ -184,17 +192,25 @@ class LocalContext(RunContext):
         storage.download(uri, local)
         return str(local)
 
-    def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
+    def save_checkpoint(
+        self,
+        step: int,
+        write: Callable[[str], None],
+        metrics: dict,
+        on_durable: Callable[[str], None],
+    ) -> str:
         uri = storage.join(self.run_uri, checkpoint_name(step))
         if storage.is_local(uri):
             write(storage.resolve(uri)[1])
         else:
             local = self._tmp / checkpoint_name(step)
             write(str(local))
-            storage.upload(local, uri)  # each rank uploads its own shard files
+            checkpoint_upload.upload(local, *storage.resolve(uri))  # each rank its own part
             shutil.rmtree(local, ignore_errors=True)
         if dist.is_initialized():
             dist.barrier()
+        if self.is_main:
+            on_durable(uri)
         return uri
 
     # -- metrics --------------------------------------------------------------------

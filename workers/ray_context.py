@@ -2,16 +2,18 @@
 
 The loop (`workers.trainer.train`) is the same as under torchrun; `RayContext` only changes
 how a worker learns its rank (Ray Train's context), how checkpoints are saved (each rank
-writes its part to a local directory and `ray.train.report` merges them into
-`<storage>/<run>/checkpoint_<step>`), where metrics go (the run's `RunState` actor, never
-`ray.train.report`), and how a stop request reaches the loop (rank 0 polls the actor from a
-background thread; the loop reads a flag).
+writes its part to a local directory, the only part training waits for, and Ray Train's
+upload thread sends it to `<storage>/<run>/checkpoint_<step>`: `checkpoint_upload.py`),
+where metrics go (the run's `RunState` actor, never `ray.train.report`), and how a stop
+request reaches the loop (rank 0 polls the actor from a background thread; the loop reads a
+flag).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 import threading
@@ -23,18 +25,24 @@ import pyarrow.fs as pafs
 import ray
 import ray.train
 import torch
+from ray.train import CheckpointUploadMode
 
 from core import storage
 from core.run_folder import checkpoint_name
 from core.spec import JobSpec
+from workers import checkpoint_upload
 from workers.checkpoint import CheckpointError
 from workers.context import RunContext, checkpoint_to_resume
+
+log = logging.getLogger("workers")
 
 # how often rank 0 hands its metrics records to the run's state actor, and the other ranks
 # their own record: each call costs CPU that a busy machine takes from training
 SEND_EVERY_S = 2.0
 RANK_RECORD_EVERY_S = 5.0
 STOP_POLL_S = 1.0  # how often rank 0 asks whether the run should stop
+DURABLE_WAIT_S = 600.0  # how long rank 0 waits for the other ranks' parts of a checkpoint
+TEARDOWN_UPLOAD_WAIT_S = 120.0  # how long a worker that ends waits for its own uploads
 
 
 class RayContext(RunContext):
@@ -56,6 +64,7 @@ class RayContext(RunContext):
         self._sent_at = time.monotonic()
         self._stop: str | None = None
         self._polling = threading.Event()
+        self._uploads: list[threading.Event] = []  # each checkpoint's part of this rank: sent yet?
 
     def setup(self) -> None:
         # Ray Train has already joined the process group (gloo on CPU, NCCL on GPU)
@@ -110,23 +119,50 @@ class RayContext(RunContext):
         pafs.copy_files(path, str(local), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
         return str(local)
 
-    def save_checkpoint(self, step: int, write: Callable[[str], None], metrics: dict) -> str:
+    def save_checkpoint(
+        self,
+        step: int,
+        write: Callable[[str], None],
+        metrics: dict,
+        on_durable: Callable[[str], None],
+    ) -> str:
         name = checkpoint_name(step)
         local = self._tmp / name
         write(str(local))
-        # every rank reports its own files; Ray merges them into one directory in storage and
-        # registers the checkpoint only once all ranks have uploaded. Ray deletes none
+        uri = storage.join(self.run_uri, name)
+        uploaded = threading.Event()
+        self._uploads.append(uploaded)
+
+        def upload(checkpoint: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
+            # on Ray Train's upload thread, while training goes on
+            where = ray.train.get_context().get_storage()
+            path = posixpath.join(where.experiment_fs_path, dir_name)
+            try:
+                checkpoint_upload.upload(checkpoint.path, where.storage_filesystem, path)
+            finally:
+                uploaded.set()
+            if self.is_main:  # announced and pruned once every rank's part is there
+                reason = checkpoint_upload.wait_complete(uri, DURABLE_WAIT_S)
+                if reason is None:
+                    self.state.checkpoint.remote(self.attempt, step, uri)
+                    on_durable(uri)
+                else:
+                    log.warning("%s is not complete %.0f s after its save: %s", uri, DURABLE_WAIT_S, reason)
+            return ray.train.Checkpoint(path=path, filesystem=where.storage_filesystem)
+
+        # every rank reports its own files; Ray registers the checkpoint once all ranks have
+        # uploaded, and uploads what a run saved before its worker exits. Ray deletes none
         # (CheckpointConfig(num_to_keep=None)): the checkpointer prunes, as in every launcher
         ray.train.report(
             {"step": step, **_plain(metrics)},
             checkpoint=ray.train.Checkpoint.from_directory(str(local)),
             checkpoint_dir_name=name,
+            checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
+            checkpoint_upload_fn=upload,
             delete_local_checkpoint_after_upload=True,
         )
-        uri = storage.join(self.run_uri, name)
         if self.is_main:
             self._send()
-            self.state.checkpoint.remote(self.attempt, step, uri)
         return uri
 
     # -- metrics: batched fire-and-forget calls, never a barrier ---------------------------------
@@ -163,6 +199,11 @@ class RayContext(RunContext):
         self._polling.set()
         if self.is_main:
             self._send()  # a failed run's records up to the failure
+        # the local copies go once they are in storage (Ray's upload thread may still be at it;
+        # a report Ray skipped, its barrier reset by a failed rank, never uploads: bounded)
+        deadline = time.monotonic() + TEARDOWN_UPLOAD_WAIT_S
+        for uploaded in self._uploads:
+            uploaded.wait(max(deadline - time.monotonic(), 0.0))
         shutil.rmtree(self._tmp, ignore_errors=True)
 
 

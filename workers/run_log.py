@@ -8,31 +8,34 @@ scratch, with []), then `append(records)` as records come, and `close()` at the 
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 
 from core import storage
 from core.metrics_log import MetricsWriter
+from core.run_folder import TENSORBOARD_DIR
 from workers.tensorboard import TensorBoardWriter
 
 log = logging.getLogger("workers")
 
 
-def tensorboard_dir(run_uri: str) -> str:
-    """Next to the checkpoints for local storage; SummaryWriter writes local files only, so for
-    remote storage a local directory under the system's temp dir."""
+def tensorboard_writer(run_uri: str) -> TensorBoardWriter:
+    """Event files in `<run>/tensorboard/`: written there for local storage; for remote storage
+    (SummaryWriter writes local files only) written to a local directory of this process's and
+    copied there."""
+    folder = storage.join(run_uri, TENSORBOARD_DIR)
     if storage.is_local(run_uri):
-        return os.path.join(storage.resolve(run_uri)[1], "tensorboard")
+        return TensorBoardWriter(storage.resolve(folder)[1])
     name = run_uri.partition("?")[0].rstrip("/").rsplit("/", 1)[-1]
-    return os.path.join(tempfile.gettempdir(), "orchestrator-tensorboard", name)
+    return TensorBoardWriter(tempfile.mkdtemp(prefix=f"orchestrator-tensorboard-{name}-"), mirror=folder)
 
 
 class RunLog:
     def __init__(self, run_uri: str, tensorboard: bool = False, flush_every_s: float = 5.0):
         self.metrics = MetricsWriter(run_uri, flush_every_s=flush_every_s)
-        self.tensorboard = TensorBoardWriter(tensorboard_dir(run_uri)) if tensorboard else None
+        self.tensorboard = tensorboard_writer(run_uri) if tensorboard else None
         if self.tensorboard is not None:
-            log.info("TensorBoard event files: %s", self.tensorboard.log_dir)
+            where = self.tensorboard.mirror or self.tensorboard.log_dir
+            log.info("TensorBoard event files: %s", where)
 
     def rewind(self, history: list[dict]) -> None:
         self.metrics.rewind(history)

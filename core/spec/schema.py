@@ -231,6 +231,15 @@ class CheckpointSpec(Section):
 
 class FaultToleranceSpec(Section):
     max_failures: int = Field(0, ge=-1, le=1000, description="-1 retries forever")
+    # docs/cluster.md, "A node that dies": failures of the cluster, not of the job, under the service
+    max_infrastructure_failures: int = Field(
+        5,
+        ge=-1,
+        le=1000,
+        description="times the service requeues a job whose collectives failed (a peer reset, a "
+        "gloo or NCCL error, a rank gone) while every node answered, without spending "
+        "max_failures; -1 forever",
+    )
     hang_timeout_s: float | None = Field(
         None,
         ge=5.0,

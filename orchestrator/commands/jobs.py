@@ -272,7 +272,11 @@ def handle_list(args) -> int:
 @with_cluster_errors
 def handle_logs(args) -> int:
     client, drivers = _call(args, "list_jobs")
-    if any(d.submission_id == args.job_id for d in drivers) or not drivers_of(drivers, args):
+    own = drivers_of(drivers, args)
+    if not own and args.came_by is None and args.known and not args.follow:
+        print(never_ran(args.known), file=sys.stderr)  # a queued job no Ray Job has run yet
+        return 0
+    if any(d.submission_id == args.job_id for d in drivers) or not (own or args.known):
         client, text = _call(args, "get_job_logs", args.job_id)  # a Ray Job's own id
         if not args.follow:
             sys.stdout.write(text)
@@ -281,12 +285,21 @@ def handle_logs(args) -> int:
     return queued_job_logs(args, client)
 
 
+def never_ran(job: dict) -> str:
+    """Why a job the service knows has no logs: no Ray Job ran it yet (and why, if its
+    driver could not be started)."""
+    failed = [e for e in job.get("history", []) if e["event"] == "launch-failed"]
+    why = f"; its driver could not be started: {failed[-1].get('error')}" if failed else ""
+    return f"{job['id']} is {job['state']}: no Ray Job has run it yet, so it has no logs{why}"
+
+
 def drivers_of(drivers: list, args) -> list:
     """The Ray Jobs that ran a queued job's attempts, oldest first: those the service started
     (tagged with the job's id) and the one the job came in by (`ray job submit`), if any."""
     job_id = args.job_id
     if not hasattr(args, "came_by"):  # asked once: the service's record of the job
-        args.came_by = (_queued_job(args, "status", job_id) or {}).get("submission_id")
+        args.known = _queued_job(args, "status", job_id)
+        args.came_by = (args.known or {}).get("submission_id")
 
     def ran_it(driver) -> bool:
         tagged = (driver.metadata or {}).get("orchestrator_job") == job_id

@@ -156,6 +156,8 @@ def cluster_line(info: dict) -> str:
         line += f"; autoscaler may add: {room}"
     if info.get("draining"):
         line += f"; draining: {', '.join(n[:8] for n in info['draining'])}"
+    if info.get("unreachable"):  # no job is placed there
+        line += f"; not answering: {', '.join(n[:8] for n in info['unreachable'])}"
     recent = [e for e in info.get("node_events", []) if time.time() - e["time"] < 3600][-3:]
     if recent:
         line += "; " + ", ".join(f"{e['node'][:8]} {e['event']} {_ago(e['time'])} ago" for e in recent)

@@ -77,10 +77,18 @@ def register(sub) -> None:
     up.add_argument(
         "--node-loss-wait",
         type=float,
-        default=8.0,
         metavar="S",
-        help="seconds a failed job waits for Ray to say whether one of its nodes died, in which case "
-        "it is requeued instead of failed (default 8; Ray's health check period x threshold, plus margin)",
+        help="the longest a failed job is held while the service finds out whether one of its nodes "
+        "died (it probes them; then it is requeued instead of failed). Default: as long as the "
+        "cluster's own health checks may take to declare a node dead",
+    )
+    up.add_argument(
+        "--shared-storage",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a local path every node of the cluster mounts (NFS, a parallel file system): jobs may "
+        "keep checkpoints under it; any other local path is one disk per node (repeatable)",
     )
     up.add_argument(
         "--autoscaler-config",
@@ -158,8 +166,7 @@ def start_local_head(args) -> dict:
         else {}
     )
     auth = ensure_token()
-    # see cluster.py for the niceness; a node that stops answering is declared dead after
-    # 3 missed health checks 1 s apart (Ray's default: 5 x 3 s), so its jobs move on sooner
+    # see cluster.py for the niceness and for health checks patient enough for a busy head
     env = {
         cluster.WORKER_NICENESS: "0",
         **cluster.NODE_HEALTH_CHECK,
@@ -213,7 +220,7 @@ def handle_up(args) -> int:
         ("--grow-after", args.grow_after),
         ("--move-after", args.move_after),
     ):
-        if not value >= 0:  # NaN too
+        if value is not None and not value >= 0:  # NaN too
             raise UsageError(f"{flag} {value:g}: must be 0 or more seconds")
     quotas, queues = parse_quotas(args.quota), None
     if args.queues:  # SpecError: one line per problem, exit 2, before anything starts
@@ -261,6 +268,7 @@ def handle_up(args) -> int:
             "preemption": not args.no_preemption,
             "start_deadline_s": args.start_deadline,
             "node_loss_wait_s": args.node_loss_wait,
+            "shared_storage": [os.path.abspath(os.path.expanduser(p)) for p in args.shared_storage],
             "grow_after_s": args.grow_after,
             "move_after_s": args.move_after,
             "autoscaler": autoscaler,
@@ -305,6 +313,10 @@ def handle_up(args) -> int:
     if token:  # Ray's dashboard asks for it once, then keeps it in a cookie
         print(f"             it asks for the cluster's token once: paste the one in {token}")
     print(f"  job store: {info['store']}")
+    if info.get("shared_storage"):
+        print(f"  shared:    {', '.join(info['shared_storage'])}   (checkpoints may go there)")
+    if info.get("health_checks"):  # node loss does not wait on them: the service probes the nodes
+        print(f"  health:    {info['health_checks']}")
     if info.get("status_page"):
         print(f"  status:    {info['status_page']}   (Prometheus: {info['status_page'].rstrip('/')}/metrics)")
         config = write_prometheus_config(info["status_page"], ray_temp_dir)

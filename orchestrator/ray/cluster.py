@@ -157,10 +157,19 @@ WORKER_NICENESS = "RAY_worker_niceness"
 BOOKKEEPING_NICENESS = 10
 
 
-# Ray declares a node dead after `threshold` missed health checks `period` apart (default
-# 5 x 3 s); the heads `orchestrator up` starts decide in about 3-5 s, so that the jobs of a
-# lost node are requeued that much sooner. Set on the head (the GCS reads them).
-NODE_HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
+# Ray declares a node dead after `threshold` health checks in a row fail, `period` apart, each
+# waiting up to `timeout` (Ray's defaults: 5, 3 s, 10 s). A head busy starting many jobs on
+# few cores can leave its own raylet's checks unanswered for tens of seconds, and a raylet
+# declared dead exits, taking the service and every job with it. The heads `orchestrator up`
+# starts are therefore more patient than Ray's defaults, never quicker: the service does not
+# wait for Ray's verdict to move jobs off a lost node (it probes the nodes itself:
+# node_health.py), so patience costs the jobs nothing. Set on the head (the GCS reads them);
+# a value in the environment wins. docs/cluster.md has the figures.
+NODE_HEALTH_CHECK = {
+    "RAY_health_check_period_ms": "3000",
+    "RAY_health_check_timeout_ms": "20000",
+    "RAY_health_check_failure_threshold": "10",
+}
 
 
 def yield_to_training() -> None:

@@ -20,12 +20,16 @@ for it, and gets its summary. Printing, exit codes and the queue are the caller'
 
 from __future__ import annotations
 
+import logging
+
 import ray
 
 from core import run_folder, storage
 from core.jobs import resources_for
 from core.spec import JobSpec
 from orchestrator.ray.run_state import Outcome, RunState
+
+log = logging.getLogger("orchestrator")
 
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's built-in label: every node carries its own id
 
@@ -127,14 +131,38 @@ class RunHandle:
         self.state.request_stop.remote(reason)
 
     def abort(self, why: str, timeout: float = 30.0) -> None:
-        """End the run now, without a checkpoint: its controller, workers and placement group go
-        with the actor that owns them."""
+        """End the run now, without a checkpoint: its controller and workers go with the actor
+        that owns them, and its placement group is removed here."""
         self.aborted = why
         ray.kill(self._run, no_restart=True)
         self.join(timeout)
+        release_placement_groups()
 
     def outcome(self) -> Outcome:
         return ray.get(self.state.outcome.remote())
+
+
+def release_placement_groups() -> list[str]:
+    """Remove this Ray job's placement groups (a placement group's id ends with its job's):
+    after an abort, those of the run just ended, since a driver runs one at a time. Ray Train
+    leaves that to its PlacementGroupCleaner, which looks the dead controller up through the
+    state API and gives up on a machine that runs more than one Ray cluster ("Found multiple
+    active Ray instances"): the reservation then held the job's next attempt off its nodes
+    until the driver exited. Returns the ids removed."""
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup, placement_group_table, remove_placement_group
+
+    job = ray.get_runtime_context().get_job_id()
+    removed = []
+    for pg_id, info in placement_group_table().items():
+        if info["state"] == "REMOVED" or not pg_id.endswith(job):
+            continue
+        try:
+            remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pg_id)))
+            removed.append(pg_id)
+        except Exception as err:  # removed meanwhile (Ray Train's cleaner), or the GCS is busy
+            log.warning("could not remove placement group %s: %s", pg_id, err)
+    return removed
 
 
 def start(spec: JobSpec, run: str, placement: dict[str, int] | None = None) -> RunHandle:
@@ -196,7 +224,33 @@ def summary(handle: RunHandle, last_step: int | None, last_checkpoint: str | Non
     result.update(restarts=max(outcome.attempts - 1, 0), resumed_from_step=outcome.resumed_from)
     if result["status"] == "failed":  # one the workers did not call final may be its node's doing
         result["retryable"] = not (error and not error["retry"])
+        result["infrastructure"] = result["retryable"] and collective_failure(handle.failure, error)
     return result
+
+
+# What a rank's collectives say when a peer went away or the network between them broke
+# (gloo, NCCL, Ray's actor death): the cluster's doing, not the job's (docs/cluster.md).
+COLLECTIVE_SIGNS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "gloo",
+    "nccl",
+    "distbackenderror",
+    "collective operation timeout",
+    "actor died",
+    "actordiederror",
+    "rayactorerror",
+)
+
+
+def collective_failure(failure: dict | None, error: dict | None) -> bool:
+    """Whether a failed run failed in its collectives: a rank died, or a rank's error (or Ray's
+    account of the failure) is a peer reset, a gloo or NCCL error or a rank gone."""
+    if failure and failure.get("died"):
+        return True
+    texts = [(error or {}).get("reason") or "", (failure or {}).get("text") or ""]
+    return any(sign in text.lower() for text in texts for sign in COLLECTIVE_SIGNS)
 
 
 def aborted_summary(

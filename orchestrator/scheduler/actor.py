@@ -43,6 +43,7 @@ from orchestrator.monitoring.page_view import PageView, process_info
 from orchestrator.monitoring.web import make_app, serve
 from orchestrator.ray.autoscaler import detected_config
 from orchestrator.ray.cluster import read_token
+from orchestrator.ray.node_health import HealthChecks
 from orchestrator.scheduler.cycle import SchedulingCycle, request
 from orchestrator.scheduler.health import Health
 from orchestrator.scheduler.lifecycle import Lifecycle
@@ -51,7 +52,7 @@ from orchestrator.scheduler.policy import Policy
 from orchestrator.scheduler.progress import fold
 from orchestrator.scheduler.runner import JobRunner
 from orchestrator.scheduler.store import JobRecord, Store
-from orchestrator.scheduler.submission import new_job_id, new_record, unpack
+from orchestrator.scheduler.submission import new_job_id, new_record, storage_refusal, unpack
 from orchestrator.scheduler.views import Views
 from orchestrator.scheduler.watchdog import Watchdog
 
@@ -72,12 +73,15 @@ class ServiceConfig:
     max_backoff_s: float = 600.0
     max_failed_starts: int = 3  # attempts in a row that end before training starts: then failed
     driver_timeout_s: float = 60.0  # a driver outside Ray Jobs that stops reporting is gone
-    # a failed attempt is held this long before the job fails, in case Ray declares one of its
-    # nodes dead meanwhile (then it is requeued): Ray's health check period x failure threshold
-    node_loss_wait_s: float = 8.0
+    # the longest a failed attempt is held while the service finds out whether a node of its is
+    # dead (it probes them; docs/cluster.md); None: as long as the cluster's own health checks
+    # may take to declare a node dead (orchestrator/ray/node_health.py)
+    node_loss_wait_s: float | None = None
     grow_after_s: float = 120.0  # an elastic job runs this long at one size before it may grow
     move_after_s: float = 600.0  # a preemptible job runs this long before it may move for room
     autoscaler: dict | None = None  # node types an autoscaler may add (orchestrator/ray/autoscaler.py)
+    # local paths every node mounts (NFS): checkpoints may go there on a cluster of many nodes
+    shared_storage: list[str] = field(default_factory=list)
     quotas: dict[str, dict[str, float]] = field(default_factory=dict)
     backfill: bool = True
     preemption: bool = True
@@ -97,6 +101,10 @@ class OrchestratorService:
         self.lifecycle = Lifecycle(store, JobRunner(self.config.dashboard), self.config, self.generation)
         self.store, self.jobs = store, self.lifecycle.jobs
         self.policy = self._startup_policy()
+        self.health_checks = HealthChecks.of_cluster(ray.get_runtime_context().gcs_address)
+        if self.config.node_loss_wait_s is None:
+            self.config.node_loss_wait_s = self.health_checks.declare_dead_s
+        log.info("the cluster's health checks: %s", self.health_checks.describe())
         # on the head, beside its cluster's monitor
         autoscaler = self.config.autoscaler or detected_config(ray.get_runtime_context().gcs_address)
         self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config, autoscaler)
@@ -188,6 +196,10 @@ class OrchestratorService:
         refusal = self.policy.rejection_reason(request(job)) if self.nodes else None
         if refusal:
             raise ValueError(f"{refusal}; lower resources.num_workers or the per-worker resources")
+        nodes = max(len(self.nodes), len(self.policy.possible))  # the autoscaler's too
+        refusal = storage_refusal(spec, self.config.shared_storage, nodes)
+        if refusal:
+            raise ValueError(refusal)
         self.jobs[job.id] = job
         return job
 
@@ -321,8 +333,11 @@ class OrchestratorService:
                 # a late report of an attempt already accounted for: it knows its last step
                 self.lifecycle.correct_node_loss(job, attempt, summary)
                 return self._view(job)
-            lost = self.cycle.lost_nodes(job) if outcome == "failed" else []  # else every rank finished
+            lost = self.cycle.lost_nodes(job) if outcome == "failed" else {}  # else every rank finished
+            nodes = list(job.placement)
             self.lifecycle.attempt_ended(job, outcome, summary, lost, now)
+            if job.unconfirmed_failure:  # no job lands on its nodes until each has answered a probe
+                self.cycle.watch.doubt(nodes, now)
             return self._view(job)
 
     def fail(self, job_id: str, reason: str) -> dict:
@@ -373,6 +388,8 @@ class OrchestratorService:
                 "dashboard": self.config.dashboard,
                 "started_at": self.started_at,
                 "last_pass_s": self.last_pass_s,
+                "health_checks": self.health_checks.describe(),
+                "shared_storage": list(self.config.shared_storage),
                 **self.views.cluster(),  # nodes, resources, jobs by state, goodput, queues, ...
                 "process": process_info(),  # the control plane never loads torch: see for yourself
             }

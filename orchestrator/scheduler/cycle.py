@@ -1,28 +1,35 @@
 """One scheduling pass of the service, every `tick_s`:
 
-1. read the cluster's live nodes from Ray's node table and hand them to the policy;
-2. reconcile the job table with the cluster: a job on a node that died goes back to its place
-   in the queue; a driver that died, workers that did not start in time, a victim that did not
-   stop within its grace period, a failed attempt held until its nodes are known alive;
+1. read the cluster's live nodes from Ray's node table, probe them (`node_watch.py`) and hand
+   the policy those that answer and are not in doubt;
+2. reconcile the job table with the cluster: a job on a node that died or does not answer goes
+   back to its place in the queue; a driver that died, workers that did not start in time, a
+   victim that did not stop within its grace period, a failed attempt held until every node of
+   its answered a probe (then failed, or requeued if its collectives failed);
 3. ask the policy (pure, `policy.py`) what to admit and whom to preempt, and act on it through
    the lifecycle, which writes every change to the store first.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import ray
 from ray.job_submission import JobStatus
 
 from core.jobs import JobState
+from orchestrator.ray import node_health
 from orchestrator.ray.autoscaler import StandingRequest, node_types
 from orchestrator.scheduler import autoscale
 from orchestrator.scheduler.admission import free_capacity, place
 from orchestrator.scheduler.lifecycle import Lifecycle
+from orchestrator.scheduler.node_watch import NodeWatch
 from orchestrator.scheduler.policy import Policy
 from orchestrator.scheduler.store import JobRecord
 from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node
+
+log = logging.getLogger("orchestrator.service")
 
 
 class SchedulingCycle:
@@ -38,6 +45,7 @@ class SchedulingCycle:
         self.jobs = lifecycle.jobs
         self.nodes: list[Node] = []
         self.alive: set[str] = set()  # ids of the live nodes, from the last pass
+        self.watch = NodeWatch(node_health.probe)  # which of them do not answer, or are in doubt
         self.draining: set[str] = set()  # live nodes being drained (about to go): no new work
         self.drained_away: set[str] = set()  # nodes that went after draining (Ray ends them once idle)
         self.node_events: list[dict] = []  # nodes that joined, were lost or began draining: newest 20
@@ -50,7 +58,7 @@ class SchedulingCycle:
         self.schedule(now)
 
     def refresh_nodes(self) -> None:
-        nodes, head = [], None
+        nodes, head, raylets = [], None, {}
         for n in ray.nodes():
             if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
                 head = n["NodeID"]
@@ -61,7 +69,12 @@ class SchedulingCycle:
                     if not k.startswith("node:") and isinstance(v, (int, float))
                 }
                 nodes.append(Node(n["NodeID"], capacity))
+                raylets[n["NodeID"]] = (n["NodeManagerAddress"], int(n["NodeManagerPort"]))
         alive, draining = {n.id for n in nodes}, draining_nodes()
+        for node in self.watch.update(raylets):
+            why = self.watch.unreachable()[node]
+            log.warning("node %s does not answer (%s): no job is placed there", node[:8], why)
+            self.node_events.append({"time": time.time(), "event": "unreachable", "node": node})
         if self.alive:  # changes since the last pass, for `orchestrator queue` and the page
             now = time.time()
             gone = self.alive - alive
@@ -79,7 +92,8 @@ class SchedulingCycle:
             self.node_events = self.node_events[-20:]
         self.drained_away |= self.draining - alive
         self.nodes, self.alive, self.draining = nodes, alive, draining
-        usable = [n for n in nodes if n.id not in draining]
+        unusable = draining | self.watch.unusable()
+        usable = [n for n in nodes if n.id not in unusable]
         if self.node_types is None:
             self.policy.set_nodes(usable)
             return
@@ -89,11 +103,15 @@ class SchedulingCycle:
             usable, possible=autoscale.possible_nodes(usable, self.node_types, self.scale_left)
         )
 
-    def lost_nodes(self, job: JobRecord) -> list[str]:
-        """The nodes of the job's placement that Ray no longer lists alive."""
+    def lost_nodes(self, job: JobRecord) -> dict[str, str]:
+        """{node: why} of the nodes of the job's placement that Ray no longer lists alive, or
+        whose raylet does not answer."""
         if not self.alive:  # no node table read yet: judge nothing
-            return []
-        return sorted(n for n in job.placement if n not in self.alive)
+            return {}
+        unreachable = self.watch.unreachable()
+        lost = {n: "declared dead by Ray" for n in job.placement if n not in self.alive}
+        lost.update({n: f"does not answer ({unreachable[n]})" for n in job.placement if n in unreachable})
+        return dict(sorted(lost.items()))
 
     # -- reconcile -----------------------------------------------------------------------------
 
@@ -108,22 +126,21 @@ class SchedulingCycle:
         runner = self.lifecycle.runner
         statuses = runner.statuses() if any(j.submission_id for j in watched) else {}
         for job in watched:
-            lost = self.lost_nodes(job) if job.state.holds_resources else []
+            lost = self.lost_nodes(job) if job.state.holds_resources else {}
             if lost and job.state is JobState.STOPPING and set(lost) <= self.drained_away:
-                lost = []  # its workers stopped for the drain and Ray ended the idle node: the driver reports
+                lost = {}  # its workers stopped for the drain and Ray ended the idle node: the driver reports
             if lost:  # its driver resumes it once admitted again; if the driver died too (the head
                 # was lost with the cluster), the service starts a new one from the job's package
                 _, driver_gone = self._driver_status(job, statuses, now)
-                self.lifecycle.node_lost(job, lost, now, driver_gone=driver_gone)
+                self.lifecycle.node_lost(job, list(lost), now, driver_gone=driver_gone, why=lost)
                 continue
             drained = sorted(set(job.placement) & self.draining)
             if drained and job.state is not JobState.STOPPING:  # checkpoint and move, before it goes
                 self.lifecycle.request_stop(
                     job, "preempt", now, by=f"drain of {', '.join(n[:8] for n in drained)}"
                 )
-            if job.unconfirmed_failure:  # no node of its died: the failure was its own
-                if now - job.unconfirmed_failure["at"] > self.config.node_loss_wait_s:
-                    self.lifecycle.confirm_failure(job, now)
+            if job.unconfirmed_failure:  # no node of its is known dead (yet)
+                self._judge_failure(job, now)
                 continue
             status, driver_gone = self._driver_status(job, statuses, now)
             if driver_gone and job.state.is_pending:
@@ -134,6 +151,20 @@ class SchedulingCycle:
                 self.lifecycle.start_timed_out(job, now)
             elif job.state is JobState.STOPPING:
                 self.lifecycle.kill_after_grace(job, now)
+
+    def _judge_failure(self, job: JobRecord, now: float) -> None:
+        """A failed attempt held until every node of its answered a probe sent after the
+        failure: then a failure in its collectives is the cluster's (requeued, within its own
+        budget) and any other is the job's own (failed). If the probes settle nothing within
+        the time Ray takes to declare a node dead (`node_loss_wait_s`), neither does waiting."""
+        held = job.unconfirmed_failure
+        answered = all(self.watch.cleared(node, held["at"]) for node in job.placement)
+        if not answered and now - held["at"] <= self.config.node_loss_wait_s:
+            return
+        if held["summary"].get("infrastructure"):
+            self.lifecycle.infrastructure_failure(job, now)
+        else:
+            self.lifecycle.confirm_failure(job, now)
 
     def _driver_status(self, job: JobRecord, statuses: dict[str, str], now: float) -> tuple[str | None, bool]:
         """(the Ray Job's status, whether the job's driver is gone)."""

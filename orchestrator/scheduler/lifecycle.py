@@ -181,17 +181,26 @@ class Lifecycle:
         )
         self.requeue(job, now, backoff=True)
 
-    def node_lost(self, job: JobRecord, nodes: list[str], now: float, driver_gone: bool = False) -> None:
-        """A node the job runs on died: back to its place in the queue (its first submission
-        time), to resume from its newest complete checkpoint on the nodes that remain. Its
-        driver resumes it; one that is gone too is started again when the job is admitted."""
+    def node_lost(
+        self,
+        job: JobRecord,
+        nodes: list[str],
+        now: float,
+        driver_gone: bool = False,
+        why: dict[str, str] | None = None,
+    ) -> None:
+        """A node the job runs on died (Ray declared it dead, or its raylet does not answer:
+        `why`, by node): back to its place in the queue (its first submission time), to resume
+        from its newest complete checkpoint on the nodes that remain. Its driver resumes it; one
+        that is gone too is started again when the job is admitted."""
         if driver_gone:
             job.submission_id = None
         lost = self.steps_since_checkpoint(job)
         job.steps_lost += lost
         job.node_losses += 1
         job.unconfirmed_failure = None
-        job.log("node-lost", now, nodes=nodes, step=job.step, steps_lost=lost, attempt=job.attempt)
+        detail = {"why": why} if why else {}
+        job.log("node-lost", now, nodes=nodes, step=job.step, steps_lost=lost, attempt=job.attempt, **detail)
         log.warning("%s: node(s) %s died under it; requeued", job.id, ", ".join(n[:8] for n in nodes))
         if job.stop_requested == "stop":
             self.finish(job, JobState.STOPPED, now, reason="stopped (a node of its was lost meanwhile)")
@@ -200,8 +209,10 @@ class Lifecycle:
 
     def correct_node_loss(self, job: JobRecord, attempt: int, summary: dict) -> None:
         """The steps a node loss cost, counted when the service noticed it from the last step
-        reported (every few seconds), made exact from the ended attempt's own summary: its
-        last step and the step of the checkpoint it would resume from."""
+        reported (every few seconds), made closer from the ended attempt's own summary: its
+        last step and its newest checkpoint the driver knew of. A checkpoint announced after
+        the abort can still be the one resumed from: `progress.fold` makes it exact from the
+        step the next attempt starts at."""
         event = next(
             (e for e in job.history if e["event"] == "node-lost" and e.get("attempt") == attempt), None
         )
@@ -213,17 +224,17 @@ class Lifecycle:
         self.save(job)
 
     def attempt_ended(
-        self, job: JobRecord, outcome: str, summary: dict, lost_nodes: list[str], now: float
+        self, job: JobRecord, outcome: str, summary: dict, lost_nodes: dict[str, str], now: float
     ) -> None:
         """The driver says how the current attempt ended (succeeded, failed, stopped or
-        preempted) with its summary; `lost_nodes`: those of its nodes that died."""
+        preempted) with its summary; `lost_nodes`: those of its nodes that died, and why."""
         job.summary = summary
         if job.ledger is not None and summary.get("checkpoint"):
             job.ledger.checkpointed(checkpoint_step(summary["checkpoint"]))
         job.step = summary.get("steps") or job.step
         job.last_checkpoint = summary.get("checkpoint") or job.last_checkpoint
         if lost_nodes:
-            self.node_lost(job, lost_nodes, now)
+            self.node_lost(job, list(lost_nodes), now, why=lost_nodes)
         elif outcome == "failed" and summary.get("retryable"):
             self.hold_failure(job, summary, now)
         elif outcome == "preempted":
@@ -246,6 +257,39 @@ class Lifecycle:
         summary = job.unconfirmed_failure["summary"]
         job.unconfirmed_failure = None
         self.finish(job, JobState.FAILED, now, reason=summary.get("reason") or "failed")
+
+    def infrastructure_failure(self, job: JobRecord, now: float) -> None:
+        """A held attempt that failed in its collectives while every node of its answered: back to
+        its place in the queue, to resume from its newest complete checkpoint, without spending
+        `max_failures`; failed once `fault_tolerance.max_infrastructure_failures` are spent (a
+        job that breaks its own collectives still ends)."""
+        reason = (job.unconfirmed_failure["summary"].get("reason") or "failed")[:300]
+        budget = job.spec.fault_tolerance.max_infrastructure_failures
+        job.infrastructure_failures += 1
+        if 0 <= budget < job.infrastructure_failures:
+            job.unconfirmed_failure = None
+            self.finish(
+                job,
+                JobState.FAILED,
+                now,
+                reason=f"{reason}; its collectives failed {job.infrastructure_failures} times with every "
+                f"node answering (fault_tolerance.max_infrastructure_failures: {budget})",
+            )
+            return
+        lost = self.steps_since_checkpoint(job)
+        job.steps_lost += lost
+        count = str(job.infrastructure_failures) + (f" of {budget}" if budget >= 0 else "")
+        log.warning("%s: its collectives failed (%s), every node answering; requeued", job.id, count)
+        job.log(
+            "infrastructure-failure",
+            now,
+            step=job.step,
+            steps_lost=lost,
+            count=count,
+            reason=reason,
+            attempt=job.attempt,
+        )
+        self.requeue(job, now, backoff=False)
 
     def steps_since_checkpoint(self, job: JobRecord) -> int:
         saved = checkpoint_step(job.last_checkpoint) if job.last_checkpoint else 0

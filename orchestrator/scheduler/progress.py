@@ -43,11 +43,37 @@ def fold(job: JobRecord, progress: dict, live: LiveMetrics, watchdog: Watchdog) 
         job.last_checkpoint = progress["checkpoint"]
         changed = True
     start = progress.get("start_step")
+    if start is not None and _exact_loss(job, int(start)):
+        changed = True
     if start and job.attempt == 1 and "resuming" not in (e["event"] for e in job.history):
         # a job run again under a name whose run has checkpoints continues that run
         job.log("resuming", run=job.run, step=start)
         changed = True
     return changed
+
+
+# the losses the service counts when it notices them, from the last step and checkpoint it knew
+_ESTIMATED_LOSSES = ("node-lost", "infrastructure-failure")
+
+
+def _exact_loss(job: JobRecord, start: int) -> bool:
+    """The steps the previous attempt's node loss (or collective failure) cost, made exact
+    once this attempt has loaded its start: the steps from there to where the loss found the
+    job. Whether the record changed."""
+    event = next(
+        (
+            e
+            for e in reversed(job.history)
+            if e["event"] in _ESTIMATED_LOSSES and e.get("attempt") == job.attempt - 1
+        ),
+        None,
+    )
+    if event is None or "resumed_at" in event or event.get("step") is None:
+        return False
+    exact = max(int(event["step"]) - start, 0)
+    job.steps_lost += exact - int(event.get("steps_lost") or 0)
+    event.update(steps_lost=exact, resumed_at=start)
+    return True
 
 
 def account(job: JobRecord, progress: dict) -> None:

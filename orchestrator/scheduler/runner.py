@@ -7,15 +7,21 @@ entrypoint is the ordinary driver, `orchestrator run`, attached to the queue's r
 
 Its working_dir is the job's package in the store (the project directory the job was
 submitted from), and its submission id is `<id>-a<attempt>`: Ray refuses a second Ray Job
-with the same id, so an attempt can never start twice, whichever service tries.
+with the same id, so an attempt can never start twice, whichever service tries. Ray takes a
+working_dir as a local directory (which it zips and uploads to the cluster) or as the URI of
+a zip file; a package in a store elsewhere (s3://, gs://) is a directory, so it is copied to
+a local directory on the head first and handed over from there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import posixpath
 import shlex
+import tempfile
+from collections.abc import Iterator
 
 from core import storage
 from core.spec import JobSpec
@@ -38,6 +44,18 @@ def write_spec(package_uri: str, spec: JobSpec) -> None:
         out.write(json.dumps(spec.model_dump(mode="json", by_alias=True), indent=1).encode())
 
 
+@contextlib.contextmanager
+def local_copy(package_uri: str) -> Iterator[str]:
+    """The package as a local directory for as long as Ray takes to upload it: itself in a
+    local store, else a temporary copy."""
+    if storage.is_local(package_uri):
+        yield storage.resolve(package_uri)[1]
+        return
+    with tempfile.TemporaryDirectory(prefix="orchestrator-package-") as local:
+        storage.download(package_uri, local)
+        yield local
+
+
 class JobRunner:
     """The Ray Jobs API of the cluster the service runs on."""
 
@@ -57,19 +75,18 @@ class JobRunner:
         """Start the driver of `job_id`'s attempt; returns its submission id."""
         sid = submission_id(job_id, attempt)
         entrypoint = shlex.join(["orchestrator", "run", SPEC_IN_PACKAGE, "--job-id", job_id])
-        fs, path = storage.resolve(package_uri)
-        working_dir = path if storage.is_local(package_uri) else package_uri
-        try:
-            self.client.submit_job(
-                entrypoint=entrypoint,
-                submission_id=sid,
-                runtime_env={"working_dir": working_dir},
-                metadata={"orchestrator_job": job_id, **{k: str(v) for k, v in metadata.items()}},
-            )
-        except Exception as err:
-            if "already exists" not in str(err):
-                raise
-            log.warning("%s was already started (by an earlier service)", sid)
+        with local_copy(package_uri) as working_dir:
+            try:
+                self.client.submit_job(
+                    entrypoint=entrypoint,
+                    submission_id=sid,
+                    runtime_env={"working_dir": working_dir},
+                    metadata={"orchestrator_job": job_id, **{k: str(v) for k, v in metadata.items()}},
+                )
+            except Exception as err:
+                if "already exists" not in str(err):
+                    raise
+                log.warning("%s was already started (by an earlier service)", sid)
         return sid
 
     def status(self, sid: str) -> str | None:

@@ -74,6 +74,7 @@ class JobRecord:
     resizes: int = 0  # restarts of an elastic job at another size
     resize_to: int | None = None  # the size a stop was asked for (None: a plain stop or preemption)
     node_losses: int = 0  # attempts ended by a node of theirs dying
+    infrastructure_failures: int = 0  # attempts requeued after their collectives failed, nodes alive
     avoid_nodes: list[str] = field(default_factory=list)  # node ids it is not placed on again
     # (the nodes of stragglers it was restarted away from: `fault_tolerance.on_straggler`)
     unconfirmed_failure: dict[str, Any] | None = None  # a failed attempt's summary, held until

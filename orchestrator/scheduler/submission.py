@@ -5,6 +5,7 @@ service starts it from. Imports neither Ray nor torch: the CLI packs here too.""
 from __future__ import annotations
 
 import io
+import os
 import secrets
 import time
 import zipfile
@@ -48,6 +49,29 @@ def new_record(spec: JobSpec, job_id: str, options: dict, launched_by: str) -> J
     job.ledger = Ledger(job.submitted_at, workers=job.workers, gpus_per_worker=job.per_worker.get("GPU", 0.0))
     job.log("queued", job.submitted_at, priority=priority, by=launched_by)
     return job
+
+
+def storage_refusal(spec: JobSpec, shared: list[str], nodes: int) -> str | None:
+    """Why the job's `checkpoint.storage` cannot serve it on a cluster of `nodes` nodes (now,
+    or once the autoscaler adds them), or None. A local path is a different disk on each
+    machine: the ranks of a gang would each leave their part of a checkpoint on their own
+    node, and a job restarted on other nodes (a preemption, a node loss) would find none of
+    it, or half. Shared storage is a URI (s3://, gs://, hdfs://) or a path the operator
+    declared mounted on every node (`orchestrator up --shared-storage PATH`)."""
+    uri = spec.checkpoint.storage
+    if nodes <= 1 or not storage.is_local(uri):
+        return None
+    path = os.path.normpath(uri.removeprefix("file://"))
+    if any(path == root or path.startswith(root.rstrip("/") + "/") for root in shared):
+        return None
+    declared = f" (declared shared: {', '.join(shared)})" if shared else ""
+    return (
+        f"checkpoint.storage: '{uri}' is a local path, and each of this cluster's {nodes} nodes has "
+        "a disk of its own: a job's ranks would leave their checkpoints on different machines and a "
+        "restart on other nodes would find none of them; use storage every node reaches (s3://, "
+        "gs://, hdfs://) or a path every node mounts, declared with `orchestrator up "
+        f"--shared-storage PATH`{declared}"
+    )
 
 
 def unpack(store: Store, job_id: str, package: bytes | None, spec: JobSpec) -> str | None:

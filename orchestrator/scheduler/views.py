@@ -66,6 +66,7 @@ class Views:
             "resources": {"total": self.total(), "busy": self.busy()},
             "nodes": len(cycle.nodes),
             "draining": sorted(cycle.draining),
+            "unreachable": cycle.watch.unreachable(),  # Ray lists them alive; their raylets do not answer
             "node_events": list(cycle.node_events),
             # nodes the autoscaler may still add, by type, and what it was asked for (None: no autoscaler)
             "autoscaler": None

@@ -348,7 +348,8 @@
    * what an autoscaler may still add ("autoscaler may add 2 gpu-8x") */
   function nodeEvents(info) {
     const recent = (info.node_events || []).filter((e) => since(e.time) < 3600).slice(-3);
-    const draining = (info.draining || []).map((n) => shortNode(n) + " draining");
+    const draining = (info.draining || []).map((n) => shortNode(n) + " draining")
+      .concat(Object.keys(info.unreachable || {}).map((n) => shortNode(n) + " not answering"));
     const events = draining.concat(recent.map((e) => shortNode(e.node) + " " + e.event + " " + fmtDuration(since(e.time)) + " ago"));
     if (!info.autoscaler) return events;
     const room = Object.entries(info.autoscaler.may_add).filter(([, n]) => n).map(([name, n]) => n + " " + name);
