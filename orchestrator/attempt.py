@@ -78,6 +78,7 @@ class Attempt:
         self.training = False  # the workers loaded their start and began to train
         self.checkpoint_step: int | None = None  # of the newest checkpoint (saved or resumed from)
         self.start_step: int | None = None  # the step this run started (or resumed) at
+        self.start_time: float | None = None  # and when
         self.ended_as = "aborted"  # what an aborted run reports: stopped, preempted or aborted
         self.ranks: dict[int, dict] = {}  # the newest record of each rank but 0
         self.workers: dict[int, dict] = {}  # rank -> {"pid", "node", "node_id"} of the current group
@@ -109,6 +110,7 @@ class Attempt:
             elif isinstance(event, RunStarted):
                 self.training = True  # from here a stop checkpoints the steps it takes
                 self.checkpoint_step = self.start_step = event.step
+                self.start_time = event.time
             elif isinstance(event, RankRecord):
                 self.ranks[event.rank] = event.record
             elif isinstance(event, WorkersStarted):
@@ -161,6 +163,7 @@ class Attempt:
             "workers_started": self.workers_started,
             "restarts": self.restarts,
             "start_step": self.start_step,  # where this run began (None: not yet)
+            "start_time": self.start_time,  # and when: a report may come before its first records
         }
 
     def _show(self, event) -> None:

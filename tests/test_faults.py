@@ -148,7 +148,12 @@ def test_a_straggler_restarts_the_job_away_from_its_node(service):
     assert f"restarting away from node {slow}: rank 1 straggles" in status
 
     job = service.done(job_id, timeout=300)
-    [flagged] = [e for e in job["history"] if e["event"] == "straggler"]  # attempt 2 runs at pace
+    stragglers = [e for e in job["history"] if e["event"] == "straggler"]
+    [flagged] = [e for e in stragglers if e["action"].startswith("restarting away")]  # once
+    # attempt 2 runs at pace: on 2 shared cores a rank may pass 1.2x the median for a window,
+    # which is only ever a warning now that every node of the cluster but one is avoided
+    noise = [e for e in stragglers if e is not flagged]
+    assert all(e["ratio"] < 1.5 < flagged["ratio"] and "warning only" in e["action"] for e in noise)
     assert flagged["rank"] == 1 and flagged["node"] == slow and flagged["ratio"] > 1.2
     ratio = re.search(r"straggles, ([\d.]+)x the median$", flagged["action"])
     assert ratio and float(ratio.group(1)) == pytest.approx(flagged["ratio"], abs=0.01)
@@ -181,7 +186,7 @@ def test_a_worker_group_that_never_takes_its_first_step_is_hung(service):
     [hung] = [e for e in job["history"] if e["event"] == "hung"]
     assert hung["step"] == 0 and hung["timeout_s"] == HANG_TIMEOUT_S, hung
     assert hung["before"] == "the first step of its worker group"
-    assert HANG_TIMEOUT_S < hung["stalled_s"] < HANG_TIMEOUT_S + 10
+    assert HANG_TIMEOUT_S <= hung["stalled_s"] < HANG_TIMEOUT_S + 10  # past the timeout, to 0.1 s
     folder = service.runs / name / "hangs" / f"attempt-{job['attempt']}-step-0"
     assert hung["stacks"] == str(folder)
     for rank in (0, 1):

@@ -78,6 +78,25 @@ def test_a_short_run_whose_records_arrive_after_it_is_marked_running_still_train
     assert sum(spent.values()) == pytest.approx(32.0)
 
 
+def test_a_report_of_the_start_before_any_record_dates_the_start_by_the_workers_clock():
+    """The driver's report that carries the run's start may come before the one with its
+    records (a 30-step job trains within one report interval): the start is dated when the
+    workers loaded it (`start_time`), not when the report arrived, so the records still train."""
+    from types import SimpleNamespace
+
+    from orchestrator.scheduler.progress import account
+
+    job = SimpleNamespace(ledger=Ledger(submitted_at=0.0), attempt=1, last_checkpoint=None)
+    job.ledger.state(A, 10.0)
+    job.ledger.state(R, 30.0)
+    account(job, {"start_step": 0, "start_time": 27.0, "restarts": 0, "records": []})
+    batch = [train(10, 28.0, data_s=0.01, compute_s=0.08, optimizer_s=0.01), train(30, 29.0, total_steps=30)]
+    account(job, {"start_step": 0, "start_time": 27.0, "restarts": 0, "records": batch})
+    job.ledger.state(JobState.SUCCEEDED, 32.0)
+    spent = job.ledger.buckets(99.0)
+    assert spent["training"] == pytest.approx(2.0) and spent["starting"] == pytest.approx(17.0)
+
+
 def test_a_live_job_counts_up_to_now_without_changing_its_ledger():
     ledger = Ledger(submitted_at=100.0)
     assert ledger.buckets(130.0)["queued"] == 30.0 and ledger.wall_s(130.0) == 30.0

@@ -15,6 +15,7 @@ never land in the log after the restarted run rewound it to its checkpoint.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ class RunStarted:
     step: int  # 0: from scratch; else the checkpoint's step
     checkpoint: str | None = None  # the checkpoint it resumed from
     skipped: list[dict] = field(default_factory=list)  # newer ones that were incomplete, and why
+    time: float = field(default_factory=time.time)  # when the workers had loaded it
 
 
 @dataclass

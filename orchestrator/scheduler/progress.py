@@ -9,7 +9,7 @@ folded into what the service keeps of the job, in this order:
 The progress: step, total_steps, step_time_s, checkpoint, workers_started, restarts (worker
 groups Ray Train restarted), start_step (where this group's run began), records (rank 0's,
 since the last report), rewound, ranks (the other ranks' newest records), workers (rank ->
-pid and node).
+pid and node), start_time (when this group's run began).
 """
 
 from __future__ import annotations
@@ -89,7 +89,10 @@ def account(job: JobRecord, progress: dict) -> None:
         ledger.regrouped([job.attempt, int(progress["restarts"])], first)
     if progress.get("start_step") is not None:
         run = [job.attempt, int(progress.get("restarts") or 0)]
-        ledger.began(run, progress["start_step"], first)
+        began = progress.get("start_time")
+        ledger.began(
+            run, progress["start_step"], min(first, began) if isinstance(began, (int, float)) else first
+        )
     for record in batch:
         ledger.record(record, now)
     if progress.get("checkpoint") and progress["checkpoint"] != job.last_checkpoint:

@@ -146,6 +146,21 @@ class LeaseHeld(RuntimeError):
     """Another service instance owns this store."""
 
 
+def read_json(fs: pafs.FileSystem, path: str, tries: int = 5) -> Any:
+    """A JSON file another process may be rewriting meanwhile. On object storage a read is a
+    size, then ranged GETs: one that straddles a rewrite sees part of each version, so a
+    document that does not parse is read again."""
+    for attempt in range(tries):
+        with fs.open_input_stream(path) as src:
+            data = src.read()
+        try:
+            return json.loads(data)
+        except ValueError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+
+
 class Store:
     def __init__(self, uri: str):
         self.uri = uri
@@ -164,13 +179,15 @@ class Store:
             out.write(json.dumps(data, indent=1, sort_keys=True).encode())
         self.fs.move(tmp, path)
 
+    def _read_json(self, path: str) -> Any:
+        return read_json(self.fs, path)
+
     def save(self, record: JobRecord) -> None:
         self._write_atomic(self._job_path(record.id), record.to_json())
 
     def load(self, job_id: str) -> JobRecord | None:
         try:
-            with self.fs.open_input_stream(self._job_path(job_id)) as src:
-                return JobRecord.from_json(json.loads(src.read()))
+            return JobRecord.from_json(self._read_json(self._job_path(job_id)))
         except FileNotFoundError:
             return None
 
@@ -180,8 +197,7 @@ class Store:
         for info in self.fs.get_file_info(selector):
             if info.type != pafs.FileType.File or not info.path.endswith(".json"):
                 continue  # a temporary file of an interrupted write
-            with self.fs.open_input_stream(info.path) as src:
-                record = JobRecord.from_json(json.loads(src.read()))
+            record = JobRecord.from_json(self._read_json(info.path))
             records[record.id] = record
         return records
 
@@ -203,8 +219,7 @@ class Store:
 
     def load_queues(self) -> dict | None:
         try:
-            with self.fs.open_input_stream(self._queues_path()) as src:
-                return json.loads(src.read())
+            return self._read_json(self._queues_path())
         except FileNotFoundError:
             return None
 
@@ -215,8 +230,7 @@ class Store:
 
     def read_lease(self) -> dict | None:
         try:
-            with self.fs.open_input_stream(self._lease_path()) as src:
-                return json.loads(src.read())
+            return self._read_json(self._lease_path())
         except FileNotFoundError:
             return None
 
