@@ -4,6 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Debian packages some tests use: headless Chromium for the status page, Prometheus, Redis for
+# the head restart. Without them those tests fail, so install them where apt can.
+TEST_PACKAGES="chromium chromium-driver prometheus redis-server"
+if command -v apt-get >/dev/null 2>&1 && ! dpkg -s $TEST_PACKAGES >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $TEST_PACKAGES; } >/dev/null 2>&1 \
+    || echo "note: apt-get could not install $TEST_PACKAGES; the tests that need them fail" >&2
+fi
 . .venv/bin/activate
 ruff check .
 ruff format --check .

@@ -107,3 +107,14 @@ def test_the_last_step_is_never_a_hang():
 def test_may_be_busy_exactly_when_a_multiple_lies_in_the_next_interval(step, log_every, every):
     expected = any((step + k) % every == 0 for k in range(1, log_every + 1))
     assert hangs.may_be_busy(step, log_every, (every,), None) == expected
+
+
+def test_a_start_is_stuck_only_after_the_deadline_passes_with_no_other_start_completing():
+    deadline = 300.0
+    assert not hangs.start_stuck(admitted_at=0.0, last_start=0.0, now=300.0, deadline_s=deadline)
+    assert hangs.start_stuck(admitted_at=0.0, last_start=0.0, now=301.0, deadline_s=deadline)
+    # others' starts got through meanwhile (a head starting many jobs at once): slow, not stuck
+    assert not hangs.start_stuck(admitted_at=0.0, last_start=290.0, now=400.0, deadline_s=deadline)
+    assert hangs.start_stuck(admitted_at=0.0, last_start=290.0, now=591.0, deadline_s=deadline)
+    # a start that ended before this admission says nothing about it
+    assert hangs.start_stuck(admitted_at=100.0, last_start=50.0, now=401.0, deadline_s=deadline)

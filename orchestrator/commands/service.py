@@ -66,7 +66,8 @@ def register(sub) -> None:
         type=float,
         default=300.0,
         metavar="S",
-        help="seconds an admitted job's workers have to start before it is requeued (default 300)",
+        help="seconds an admitted job's workers have to start, while no other job's start completes, "
+        "before it is requeued (default 300)",
     )
     up.add_argument(
         "--redis",

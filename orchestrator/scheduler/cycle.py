@@ -23,6 +23,7 @@ from orchestrator.ray import node_health
 from orchestrator.ray.autoscaler import StandingRequest, node_types
 from orchestrator.scheduler import autoscale
 from orchestrator.scheduler.admission import free_capacity, place
+from orchestrator.scheduler.hangs import start_stuck
 from orchestrator.scheduler.lifecycle import Lifecycle
 from orchestrator.scheduler.node_watch import NodeWatch
 from orchestrator.scheduler.policy import Policy
@@ -125,6 +126,7 @@ class SchedulingCycle:
         ]
         runner = self.lifecycle.runner
         statuses = runner.statuses() if any(j.submission_id for j in watched) else {}
+        last_start = max((j.started_at or 0.0 for j in self.jobs.values()), default=0.0)
         for job in watched:
             lost = self.lost_nodes(job) if job.state.holds_resources else {}
             if lost and job.state is JobState.STOPPING and set(lost) <= self.drained_away:
@@ -147,7 +149,7 @@ class SchedulingCycle:
                 self._waiting_driver_gone(job, now)
             elif driver_gone and job.state.holds_resources:
                 self.lifecycle.driver_gone(job, now, status)
-            elif job.state is JobState.ADMITTED and now - job.admitted_at > self.config.start_deadline_s:
+            elif job.state is JobState.ADMITTED and start_stuck(job.admitted_at, last_start, now, self.config.start_deadline_s):
                 self.lifecycle.start_timed_out(job, now)
             elif job.state is JobState.STOPPING:
                 self.lifecycle.kill_after_grace(job, now)

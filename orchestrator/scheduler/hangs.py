@@ -56,6 +56,15 @@ def start_timeout_s(configured: float | None, p95_interval_s: float | None) -> f
     return max(START_FLOOR_S, timeout_s(None, p95_interval_s))
 
 
+def start_stuck(admitted_at: float | None, last_start: float, now: float, deadline_s: float) -> bool:
+    """Whether an admitted job's start went `deadline_s` without progress: since its admission,
+    or since another job last got all its workers started (`last_start`), whichever is later.
+    Ray starts a node's worker processes a few at a time, so a start queued behind the others'
+    is slow, not stuck, while they get through (8 jobs admitted at once on a 2-core head got
+    their workers one after the other over 3 to 5 minutes)."""
+    return now - max(admitted_at if admitted_at is not None else now, last_start) > deadline_s
+
+
 def may_be_busy(step: int, log_every: int, every: Iterable[int | None], total_steps: int | None) -> bool:
     """Whether a checkpoint, an evaluation or the run's end falls after `step` and at or before
     the next logged step: the loop may be saving or evaluating, not stepping."""
