@@ -118,9 +118,9 @@ def service_side(args) -> dict:
     from core.metrics_log import read_metrics
     from core.records import is_train
     from core.spec import load_spec
-    from orchestrator.scheduler.progress import account
-    from orchestrator.scheduler.submission import new_record
-    from orchestrator.scheduler.watchdog import Watchdog
+    from orchestrator.service.health import Watchdog
+    from orchestrator.service.progress import account
+    from orchestrator.service.submission import new_record
 
     storage = tempfile.mkdtemp(prefix="bench-goodput-")
     sets = [f"checkpoint.storage={storage}", f"train.steps={args.steps}", "metrics.log_every=1"]

@@ -45,7 +45,8 @@ if str(ROOT) not in sys.path:
 from provenance import git_commit  # noqa: E402  (bench/provenance.py: this script's folder is on sys.path)
 from sim_stats import decision_summary, percentile  # noqa: E402
 
-from orchestrator.scheduler import Allocation, FifoPolicy, JobRequest, Node, Policy  # noqa: E402
+from bench.fifo import FifoPolicy  # noqa: E402
+from orchestrator.policy import Allocation, JobRequest, Node, Policy  # noqa: E402
 
 PRIORITY_NAMES = {0: "low", 1: "normal", 2: "high"}
 SIZES = (1, 2, 4, 8, 16, 32)  # GPUs per job

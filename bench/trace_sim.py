@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from sim_stats import decision_summary, percentile
 from traces import TraceJob
 
+from bench.fifo import FifoPolicy
 from core.queues import QueueConfig, validate_queue_config
-from orchestrator.scheduler import Allocation, Decision, FifoPolicy, JobRequest, Node, Policy
-from orchestrator.scheduler.admission import free_capacity, place
+from orchestrator.policy import Allocation, Decision, JobRequest, Node, Policy
+from orchestrator.policy.admission import free_capacity, place
 
 POLICIES = ("fifo", "fifo-backfill", "sjf-oracle", "default", "las", "las+cohorts")
 ORACLES = {"fifo-backfill", "sjf-oracle"}  # always given exact durations

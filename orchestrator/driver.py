@@ -24,11 +24,11 @@ from core.jobs import TERMINAL_VALUES
 from core.run_folder import run_name
 from core.spec import JobSpec
 from core.summary import print_summary, write_summary
+from orchestrator import client as service_client
 from orchestrator.attempt import Attempt, Stopped, on_sigterm, raise_if_stopped
 from orchestrator.errors import UsageError
 from orchestrator.monitoring.terminal import Display
 from orchestrator.ray import cluster
-from orchestrator.scheduler import client as service_client
 
 EXIT = {"succeeded": 0, "stopped_early": 0, "failed": 1, "stopped": 1}
 

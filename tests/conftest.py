@@ -150,7 +150,7 @@ class Service:
     def _read(self, job_id: str) -> dict | None:
         """The job's record in the store (a path, or a URI: s3://), None while there is none."""
         from core import storage
-        from orchestrator.scheduler.store import read_json
+        from orchestrator.service.store import read_json
 
         fs, path = storage.resolve(storage.join(str(self.store), "jobs", f"{job_id}.json"))
         try:  # as the service reads its store: a read that straddles a rewrite is read again

@@ -1,13 +1,13 @@
-"""What the service asks an autoscaler for (orchestrator/scheduler/autoscale.py, pure) and how
+"""What the service asks an autoscaler for (orchestrator/policy/autoscale.py, pure) and how
 the policy treats a job that fits only once nodes are added; the live path is
 tests/test_autoscaler.py."""
 
 import pytest
 
+from orchestrator.policy import Policy
+from orchestrator.policy.autoscale import NodeType, describe, headroom, nodes_to_add, possible_nodes
+from orchestrator.policy.types import JobRequest, Node
 from orchestrator.ray.autoscaler import ConfigError, load_config
-from orchestrator.scheduler import Policy
-from orchestrator.scheduler.autoscale import NodeType, describe, headroom, nodes_to_add, possible_nodes
-from orchestrator.scheduler.types import JobRequest, Node
 
 GPU8 = NodeType("gpu-8x", {"CPU": 96.0, "GPU": 8.0}, max_nodes=4)
 CPU16 = NodeType("cpu-16", {"CPU": 16.0}, max_nodes=10)

@@ -1,10 +1,10 @@
-"""Hang detection's rule (orchestrator/scheduler/hangs.py), without Ray."""
+"""Hang detection's rule (orchestrator/policy/hangs.py), without Ray."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.scheduler import hangs
-from orchestrator.scheduler.hangs import StepClock
+from orchestrator.policy import hangs
+from orchestrator.policy.hangs import StepClock
 
 
 def train(step: int, t: float) -> dict:

@@ -5,6 +5,11 @@
 - `orchestrator` imports `core` and itself, and `workers` only inside functions of its entry
   points into the data plane (below); never `kernels`.
 
+Within `orchestrator`, three rooms: `orchestrator/policy` (the scheduling policy: pure, it
+imports no Ray and nothing of `orchestrator` outside itself), `orchestrator/service` (the
+service actor and its I/O), and `orchestrator/client.py` (how the CLI and the drivers reach the
+service; they import the service's modules only where listed below).
+
 Read from the source (every import at any depth), so an import inside a function counts.
 """
 
@@ -34,6 +39,14 @@ ENTRY_POINTS = {
     "orchestrator/ray/launcher.py": {"workers.ray_context"},  # the Ray Train function
     "orchestrator/driver.py": {"workers.checks"},  # preflight: the data is there
     "orchestrator/attempt.py": {"workers.run_log"},  # the run's metrics log in storage
+}
+# where the CLI and the drivers import the service's own modules (else they use orchestrator.client)
+SERVICE_MODULES_OUTSIDE = {
+    "orchestrator/commands/service.py": {  # `orchestrator up` starts the actor; `down` frees the store
+        "orchestrator.service.actor",
+        "orchestrator.service.store",
+    },
+    "orchestrator/commands/submit.py": {"orchestrator.service.submission"},  # packs the project
 }
 
 
@@ -84,11 +97,79 @@ def test_the_control_plane_loads_without_torch():
     """The CLI, the service and the driver import neither torch nor the data plane."""
     code = (
         "import sys\n"
-        "import orchestrator.cli, orchestrator.driver, orchestrator.scheduler.actor\n"
+        "import orchestrator.cli, orchestrator.driver, orchestrator.service.actor\n"
         "import orchestrator.commands.submit, orchestrator.monitoring.exporter\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'workers', 'kernels', 'triton'}))"
     )
+    assert printed_by(code) == "[]"
+
+
+def printed_by(code: str) -> str:
+    """What `code` prints, run in a fresh interpreter (so only what it imports is loaded)."""
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    assert result.stdout.strip() == "[]"
+    return result.stdout.strip()
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_policy_imports_no_ray_and_nothing_outside_itself():
+    """orchestrator/policy: no Ray, and of the project only `core` and itself (so neither Ray
+    nor the service comes in indirectly, through orchestrator.ray or orchestrator.service)."""
+    files = package_files("orchestrator/policy")
+    assert len(files) > 10
+    wrong = []
+    for path in files:
+        relative = path.relative_to(ROOT).as_posix()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        wrong += [f"{relative}: relative import" for n in ast.walk(tree) if getattr(n, "level", 0)]
+        for module, _ in imports(path):
+            root = module.split(".")[0]
+            if root == "ray" or (
+                root in PROJECT and root != "core" and not in_package(module, "orchestrator.policy")
+            ):
+                wrong.append(f"{relative}: {module}")
+    assert wrong == [], "the policy imports against its room:\n" + "\n".join(wrong)
+
+
+def test_the_cli_and_the_drivers_reach_the_service_through_the_client():
+    """Only orchestrator.client, except where listed (SERVICE_MODULES_OUTSIDE); the client itself
+    does not import the service actor's module (which loads the whole service)."""
+    files = [
+        *package_files("orchestrator/commands"),
+        ROOT / "orchestrator/driver.py",
+        ROOT / "orchestrator/attempt.py",
+    ]
+    wrong = []
+    for path in files:
+        relative = path.relative_to(ROOT).as_posix()
+        allowed = SERVICE_MODULES_OUTSIDE.get(relative, set())
+        for module, _ in imports(path):
+            if in_package(module, "orchestrator.service") and module not in allowed:
+                wrong.append(f"{relative}: {module}")
+    wrong += [
+        f"orchestrator/client.py: {module}"
+        for module, _ in imports(ROOT / "orchestrator/client.py")
+        if in_package(module, "orchestrator.service.actor")
+    ]
+    assert wrong == [], "the service reached around its client:\n" + "\n".join(wrong)
+
+
+def test_the_policy_and_the_client_load_without_ray():
+    """Every module of the policy, and the client (whose HTTP way in needs no Ray), once loaded."""
+    modules = sorted(
+        p.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".").removesuffix(".__init__")
+        for p in package_files("orchestrator/policy")
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules + ['orchestrator.client']!r}:\n"
+        "    importlib.import_module(name)\n"
+        "outside = {m for m in sys.modules if m.startswith('orchestrator.')}\n"
+        "outside -= {m for m in outside if m.startswith('orchestrator.policy')}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'torch'}), sorted(outside))"
+    )
+    assert printed_by(code) == "[] ['orchestrator.client', 'orchestrator.errors']"

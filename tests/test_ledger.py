@@ -84,7 +84,7 @@ def test_a_report_of_the_start_before_any_record_dates_the_start_by_the_workers_
     workers loaded it (`start_time`), not when the report arrived, so the records still train."""
     from types import SimpleNamespace
 
-    from orchestrator.scheduler.progress import account
+    from orchestrator.service.progress import account
 
     job = SimpleNamespace(ledger=Ledger(submitted_at=0.0), attempt=1, last_checkpoint=None)
     job.ledger.state(A, 10.0)

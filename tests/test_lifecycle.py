@@ -13,11 +13,11 @@ import pytest
 
 from core.jobs import TRANSITIONS, IllegalTransition, JobState, check_transition
 from core.spec import validate
-from orchestrator.scheduler import progress
-from orchestrator.scheduler.lifecycle import Lifecycle
-from orchestrator.scheduler.live import LiveMetrics
-from orchestrator.scheduler.store import Store
-from orchestrator.scheduler.submission import new_record
+from orchestrator.service import progress
+from orchestrator.service.lifecycle import Lifecycle
+from orchestrator.service.live import LiveMetrics
+from orchestrator.service.store import Store
+from orchestrator.service.submission import new_record
 from tests.conftest import ROOT
 
 SPEC = validate(
@@ -172,6 +172,6 @@ def test_only_the_lifecycle_assigns_a_state():
                             and not (isinstance(leaf.value, ast.Name) and leaf.value.id == "self")
                         ):
                             assignments.append(f"{Path(path).relative_to(ROOT)}:{node.lineno}")
-    assert len(assignments) == 1 and assignments[0].startswith("orchestrator/scheduler/lifecycle.py"), (
+    assert len(assignments) == 1 and assignments[0].startswith("orchestrator/service/lifecycle.py"), (
         assignments
     )

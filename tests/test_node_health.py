@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from core.spec import validate
+from orchestrator.policy.node_watch import MISSES, NodeWatch
 from orchestrator.ray.launcher import collective_failure
 from orchestrator.ray.node_health import HealthChecks, probe
-from orchestrator.scheduler.lifecycle import Lifecycle
-from orchestrator.scheduler.node_watch import MISSES, NodeWatch
-from orchestrator.scheduler.store import Store
-from orchestrator.scheduler.submission import new_record, storage_refusal
+from orchestrator.service.lifecycle import Lifecycle
+from orchestrator.service.store import Store
+from orchestrator.service.submission import new_record, storage_refusal
 
 # --- the probe ------------------------------------------------------------------------------
 

@@ -10,10 +10,10 @@ import pytest
 from core.jobs import JobState
 from core.queues import validate_queue_config
 from core.spec import validate
-from orchestrator.scheduler.cycle import allocation, request
-from orchestrator.scheduler.lifecycle import Lifecycle
-from orchestrator.scheduler.store import Store
-from orchestrator.scheduler.submission import new_record
+from orchestrator.service.cycle import allocation, request
+from orchestrator.service.lifecycle import Lifecycle
+from orchestrator.service.store import Store
+from orchestrator.service.submission import new_record
 from tests.conftest import run_cli
 
 SPEC = validate(

@@ -1,4 +1,4 @@
-"""Fair share between queues (orchestrator/scheduler/cohorts.py) and the queue config file
+"""Fair share between queues (orchestrator/policy/cohorts.py) and the queue config file
 (core/queues.py): borrowing up to the limit, reclaim, and one-line validation errors."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from core.queues import QueueConfig, load_queue_config, validate_queue_config
 from core.spec.errors import SpecError
-from orchestrator.scheduler import Allocation, JobRequest, Node, Policy
-from orchestrator.scheduler.cohorts import CohortBook
+from orchestrator.policy import Allocation, JobRequest, Node, Policy
+from orchestrator.policy.cohorts import CohortBook
 
 
 def config(limit=None, order="fifo") -> QueueConfig:

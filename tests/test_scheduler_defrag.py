@@ -1,5 +1,5 @@
 """Moving running jobs so that a head blocked by free room spread over nodes can start
-(`orchestrator/scheduler/defrag.py`), alone and through `Policy.schedule`."""
+(`orchestrator/policy/defrag.py`), alone and through `Policy.schedule`."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import math
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.scheduler import Allocation, JobRequest, Node, Policy, free_capacity, place
-from orchestrator.scheduler.defrag import fragmented, plan_moves
-from orchestrator.scheduler.room import released, take
+from orchestrator.policy import Allocation, JobRequest, Node, Policy, free_capacity, place
+from orchestrator.policy.defrag import fragmented, plan_moves
+from orchestrator.policy.room import released, take
 
 HOUR = 3600.0
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.scheduler import (
+from bench.fifo import FifoPolicy
+from orchestrator.policy import (
     Allocation,
-    FifoPolicy,
     JobRequest,
     Node,
     Policy,
@@ -25,8 +25,8 @@ from orchestrator.scheduler import (
     free_capacity,
     place,
 )
-from orchestrator.scheduler.elastic import requeued
-from orchestrator.scheduler.preemption import choose_shrinks, shrunk_placement
+from orchestrator.policy.elastic import requeued
+from orchestrator.policy.preemption import choose_shrinks, shrunk_placement
 from tests.test_scheduler_policy import (
     ACCEL,
     SimJob,

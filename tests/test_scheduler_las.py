@@ -1,4 +1,4 @@
-"""Least attained service (orchestrator/scheduler/las.py) through `Policy(queues=...)`: order,
+"""Least attained service (orchestrator/policy/las.py) through `Policy(queues=...)`: order,
 demotion, promotion of starving jobs, minimum run time, and the default left unchanged."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 from core.queues import validate_queue_config
-from orchestrator.scheduler import Allocation, JobRequest, Node, Policy
-from orchestrator.scheduler.las import Las, attained
+from orchestrator.policy import Allocation, JobRequest, Node, Policy
+from orchestrator.policy.las import Las, attained
 
 HOUR = 3600.0
 CONFIG = validate_queue_config(

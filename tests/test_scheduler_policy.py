@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from bench.fifo import FifoPolicy
 from core.queues import validate_queue_config
-from orchestrator.scheduler import (
+from orchestrator.policy import (
     Allocation,
     Decision,
-    FifoPolicy,
     JobRequest,
     Node,
     Policy,
@@ -41,7 +41,7 @@ from orchestrator.scheduler import (
     scale,
     subtract,
 )
-from orchestrator.scheduler.room import View, shape_of
+from orchestrator.policy.room import View, shape_of
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = 1e-6
@@ -604,7 +604,7 @@ def test_place_property(data):
     free = free_capacity(nodes, busy)
     request = data.draw(requests("x"))
     placement = place(request, free)
-    from orchestrator.scheduler.admission import positive, slots
+    from orchestrator.policy.admission import positive, slots
 
     room = sum(slots(positive(request.per_worker), node_free, 1 << 30) for node_free in free.values())
     if placement is None:
@@ -1087,7 +1087,7 @@ def test_simulated_cluster_with_many_random_jobs():
 # -- no Ray in the policy -------------------------------------------------------------------------
 
 PURE_MODULES = [
-    ROOT / "orchestrator" / "scheduler" / name
+    ROOT / "orchestrator" / "policy" / name
     for name in ("__init__.py", "types.py", "queue.py", "admission.py", "preemption.py", "policy.py")
 ] + [ROOT / "bench" / "scheduler_sim.py"]
 

@@ -17,7 +17,7 @@ from trace_sim import POLICIES, SimConfig, replay, shape, simulate, summarize  #
 from traces import from_tiresias, read_trace, two_teams, write_trace  # noqa: E402
 
 from core.queues import validate_queue_config  # noqa: E402
-from orchestrator.scheduler import Node, Policy  # noqa: E402
+from orchestrator.policy import Node, Policy  # noqa: E402
 
 TIRESIAS = ROOT / "bench" / "traces" / "tiresias-60.csv"
 

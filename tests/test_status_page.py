@@ -1473,32 +1473,32 @@ class RecordingSubmitter:
 
 def test_jobs_sent_over_http_need_the_cluster_token_and_a_valid_spec():
     from core.spec import load_spec
-    from orchestrator.scheduler import http_api
+    from orchestrator import client
 
     spec = load_spec("jobs/vit.yaml").model_dump(mode="json", by_alias=True)
     submitter = RecordingSubmitter("s3cret")
     server, url = serve(make_app(FakeService(), submitter=submitter), "127.0.0.1", 0)
     try:
-        assert http_api.submit(url, "s3cret", [spec], [{}], b"zip bytes") == [{"id": "vit-fashion-mnist-1"}]
+        assert client.api_submit(url, "s3cret", [spec], [{}], b"zip bytes") == [{"id": "vit-fashion-mnist-1"}]
         assert submitter.queued == [("vit-fashion-mnist", {}, b"zip bytes")]
-        with pytest.raises(http_api.Unreachable, match="HTTP 401"):  # a wrong token queues nothing
-            http_api.submit(url, "guess", [spec], [{}], b"")
+        with pytest.raises(client.Unreachable, match="HTTP 401"):  # a wrong token queues nothing
+            client.api_submit(url, "guess", [spec], [{}], b"")
         bad = {**spec, "train": {**spec["train"], "steps": -1}}
-        with pytest.raises(http_api.Refused, match=r"^submitted spec: train\.steps: "):
-            http_api.submit(url, "s3cret", [bad], [{}], b"")
+        with pytest.raises(client.Refused, match=r"^submitted spec: train\.steps: "):
+            client.api_submit(url, "s3cret", [bad], [{}], b"")
         assert len(submitter.queued) == 1
     finally:
         server.stop()
     # a cluster without token auth takes no jobs over HTTP: the CLI joins the cluster instead
     server, url = serve(make_app(FakeService(), submitter=RecordingSubmitter(None)), "127.0.0.1", 0)
     try:
-        with pytest.raises(http_api.Unreachable, match="HTTP 403"):
-            http_api.submit(url, "anything", [spec], [{}], b"")
+        with pytest.raises(client.Unreachable, match="HTTP 403"):
+            client.api_submit(url, "anything", [spec], [{}], b"")
     finally:
         server.stop()
     read_only = serve(make_app(FakeService()), "127.0.0.1", 0)
     try:
-        with pytest.raises(http_api.Unreachable, match="HTTP 403"):
-            http_api.submit(read_only[1], "anything", [spec], [{}], b"")
+        with pytest.raises(client.Unreachable, match="HTTP 403"):
+            client.api_submit(read_only[1], "anything", [spec], [{}], b"")
     finally:
         read_only[0].stop()

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from core.spec import validate
-from orchestrator.scheduler.store import LEASE_TTL_S, JobRecord, JobState, LeaseHeld, Store, project_files
+from orchestrator.service.store import LEASE_TTL_S, JobRecord, JobState, LeaseHeld, Store, project_files
 
 SPEC = validate(
     {
@@ -51,7 +51,7 @@ def test_a_record_of_a_newer_version_still_loads(tmp_path):
 
 
 def test_the_nodes_a_job_avoids_survive_a_restart_and_reach_the_policy(tmp_path):
-    from orchestrator.scheduler.cycle import request
+    from orchestrator.service.cycle import request
 
     Store(str(tmp_path)).save(record(avoid_nodes=["node-b"]))
     again = Store(str(tmp_path)).load_all()["job-1"]  # as a restarted service loads it
@@ -111,7 +111,7 @@ def test_a_record_read_while_it_is_rewritten_is_read_again(tmp_path):
 
     import pyarrow.fs as pafs
 
-    from orchestrator.scheduler.store import read_json
+    from orchestrator.service.store import read_json
 
     path = tmp_path / "job.json"
     path.write_text('{"id": "job-1", "history": [{"event": "que')  # the first part of a longer version

@@ -1,11 +1,11 @@
-"""Straggler detection's rule (orchestrator/scheduler/stragglers.py), without Ray."""
+"""Straggler detection's rule (orchestrator/policy/stragglers.py), without Ray."""
 
 import statistics
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.scheduler.stragglers import THRESHOLD, WINDOW_STEPS, StragglerWindow
+from orchestrator.policy.stragglers import THRESHOLD, WINDOW_STEPS, StragglerWindow
 
 
 def feed(window: StragglerWindow, compute: dict[int, float], steps: int, every: int = 5) -> None:

@@ -1,5 +1,5 @@
-"""The service's watch over running jobs (watchdog.py), the reading of py-spy's stacks
-(stacks.where) and what the service does about a straggler (health.py), without Ray."""
+"""The service's watch over running jobs, the reading of py-spy's stacks (stacks.where)
+and what the service does about a straggler (all in health.py but stacks), without Ray."""
 
 import dataclasses
 import threading
@@ -7,15 +7,14 @@ from types import SimpleNamespace
 
 from core.jobs import JobState
 from core.spec import validate
-from orchestrator.scheduler import stacks
-from orchestrator.scheduler.cycle import request
-from orchestrator.scheduler.health import Health
-from orchestrator.scheduler.lifecycle import Lifecycle
-from orchestrator.scheduler.policy import Policy
-from orchestrator.scheduler.store import JobRecord, Store
-from orchestrator.scheduler.types import Node
-from orchestrator.scheduler.views import Views
-from orchestrator.scheduler.watchdog import Watchdog
+from orchestrator.policy.policy import Policy
+from orchestrator.policy.types import Node
+from orchestrator.service import stacks
+from orchestrator.service.cycle import request
+from orchestrator.service.health import Health, Watchdog
+from orchestrator.service.lifecycle import Lifecycle
+from orchestrator.service.store import JobRecord, Store
+from orchestrator.service.views import Views
 
 WORKERS = {
     0: {"pid": 101, "node": "10.0.0.1", "node_id": "aaaa"},

@@ -120,34 +120,6 @@ def _job_name(job) -> str:
     return " ".join(words)
 
 
-def _queued_job(args, method: str, *params):
-    """Ask the orchestrator service about a job it knows; None when there is no service or it
-    does not know the id (then the id is a Ray Job submission id). A status is read from the
-    service's HTTP API when `up` recorded it here (no need to join the cluster)."""
-    from orchestrator.scheduler import http_api
-
-    address = getattr(args, "address", None)
-    page = http_api.recorded_page(address) if method == "status" else None
-    if page:
-        try:
-            return http_api.job(page, params[0])
-        except http_api.Unreachable:
-            pass
-    from orchestrator.scheduler import client  # joins the cluster: seconds
-
-    if client.service_address(address) is None:
-        return None
-    with client.connected_service(address) as service:
-        if service is None:
-            return None
-        try:
-            return client.call(getattr(service, method), *params)
-        except client.ServiceError as err:
-            if "no job" in str(err):
-                return None
-            raise UsageError(str(err)) from None
-
-
 def print_queued_job(job: dict) -> None:
     import datetime
 
@@ -212,8 +184,10 @@ def print_queued_job(job: dict) -> None:
 
 @with_cluster_errors
 def handle_status(args) -> int:
+    from orchestrator import client as service_client
+
     if args.job_id is not None:
-        job = _queued_job(args, "status", args.job_id)
+        job = service_client.queued_job(args.address, "status", args.job_id)
         if job is not None:
             print_queued_job(job)
             return 0
@@ -296,9 +270,11 @@ def never_ran(job: dict) -> str:
 def drivers_of(drivers: list, args) -> list:
     """The Ray Jobs that ran a queued job's attempts, oldest first: those the service started
     (tagged with the job's id) and the one the job came in by (`ray job submit`), if any."""
+    from orchestrator import client as service_client
+
     job_id = args.job_id
     if not hasattr(args, "came_by"):  # asked once: the service's record of the job
-        args.known = _queued_job(args, "status", job_id)
+        args.known = service_client.queued_job(args.address, "status", job_id)
         args.came_by = (args.known or {}).get("submission_id")
 
     def ran_it(driver) -> bool:
@@ -313,6 +289,8 @@ def queued_job_logs(args, client) -> int:
     """The logs of every Ray Job that ran the job, oldest first, each under a header; with
     --follow, the newest as it runs, then the next ones, until the job ends."""
     import time
+
+    from orchestrator import client as service_client
 
     shown: set[str] = set()
     waiting_said, last = False, 1
@@ -332,7 +310,7 @@ def queued_job_logs(args, client) -> int:
                 last = 0 if driver.status.value == "SUCCEEDED" else 1
         if not args.follow:
             return 0
-        job = _queued_job(args, "status", args.job_id)
+        job = service_client.queued_job(args.address, "status", args.job_id)
         if job is None:  # no service to ask: the newest driver's outcome is the job's
             return last
         state = job["state"]
@@ -383,7 +361,9 @@ def follow(client, job_id: str, verdict: bool = True) -> int:
 def handle_stop(args) -> int:
     import time
 
-    job = _queued_job(args, "stop", args.job_id, args.now)
+    from orchestrator import client as service_client
+
+    job = service_client.queued_job(args.address, "stop", args.job_id, args.now)
     if job is not None:
         if job["state"] == "stopping":
             print(f"{job['id']}: stop requested; it checkpoints within a few seconds, then stops")

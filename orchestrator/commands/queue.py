@@ -41,7 +41,7 @@ def _address(parser) -> None:
 
 def required_service(address: str | None):
     """A context manager yielding the service, or a UsageError saying how to start one."""
-    from orchestrator.scheduler import client
+    from orchestrator import client
 
     return client.connected_service(address, required=True)
 
@@ -85,18 +85,17 @@ def _resources(job: dict) -> str:
 def read_queue(address: str | None, include_finished: bool) -> tuple[list[dict], dict]:
     """(the queue's jobs, the service's info): from the service's HTTP API when `up` recorded
     it here (milliseconds), else by joining the cluster (seconds)."""
-    from orchestrator.scheduler import http_api
+    from orchestrator import client
 
-    page = http_api.recorded_page(address)
+    page = client.recorded_page(address)
     if page:
         try:
-            jobs, info = http_api.get(page, "queue"), http_api.get(page, "info")
+            jobs, info = client.api_get(page, "queue"), client.api_get(page, "info")
             if not include_finished:
                 jobs = [job for job in jobs if job["state"] not in TERMINAL_VALUES]
             return jobs, info
-        except http_api.Unreachable:
+        except client.Unreachable:
             pass
-    from orchestrator.scheduler import client
 
     with required_service(address) as service:
         return client.call(service.queue, include_finished), client.call(service.info)
@@ -181,7 +180,7 @@ def queue_lines(queues: dict | None) -> list[str]:
 
 
 def handle_preempt(args) -> int:
-    from orchestrator.scheduler import client
+    from orchestrator import client
 
     with required_service(args.address) as service:
         try:
@@ -199,7 +198,7 @@ def handle_sweep(args) -> int:
     from rich.table import Table
 
     from core.spec import sweep as sweeps
-    from orchestrator.scheduler import client
+    from orchestrator import client
 
     with required_service(args.address) as service:
         trials = client.call(service.sweep, args.name)

@@ -34,8 +34,8 @@ def register(sub) -> None:
 
 def handle_apply(args) -> int:
     from core.queues import load_queue_config
+    from orchestrator import client
     from orchestrator.commands.queue import queue_lines, required_service
-    from orchestrator.scheduler import client
 
     if bool(args.file) == bool(args.clear):
         raise UsageError("queues apply: give a FILE, or --clear to remove the configuration")

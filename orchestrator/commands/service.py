@@ -206,9 +206,9 @@ def ensure_token() -> dict:
 
 
 def handle_up(args) -> int:
+    from orchestrator import client
     from orchestrator.ray import cluster
-    from orchestrator.scheduler import client
-    from orchestrator.scheduler.actor import ServiceActor, service_options
+    from orchestrator.service.actor import ServiceActor, service_options
 
     started = time.perf_counter()
     recorded = cluster.read_state() or {}
@@ -279,7 +279,7 @@ def handle_up(args) -> int:
         if existing is None:
             wait_for_free_store(store)
             if queues is not None:  # the new service applies what its store holds
-                from orchestrator.scheduler.store import Store
+                from orchestrator.service.store import Store
 
                 Store(store).save_queues(queues.model_dump(mode="json"))
         service = existing or ServiceActor.options(**service_options()).remote(config)
@@ -349,7 +349,7 @@ def write_prometheus_config(status_page: str, ray_temp_dir: str | None) -> str:
 def wait_for_free_store(uri: str) -> None:
     """A service that died with its head holds the job store's lease until it lapses (15 s):
     wait that out instead of failing. One that keeps renewing it runs elsewhere: refuse."""
-    from orchestrator.scheduler.store import LEASE_TTL_S, Store
+    from orchestrator.service.store import LEASE_TTL_S, Store
 
     store, told = Store(uri), False
     deadline = time.time() + LEASE_TTL_S + 5  # a live service renews it every pass
@@ -372,8 +372,8 @@ def wait_for_free_store(uri: str) -> None:
 def handle_down(args) -> int:
     import ray
 
+    from orchestrator import client
     from orchestrator.ray import cluster
-    from orchestrator.scheduler import client
 
     state = cluster.read_state() or {}
     address = args.address or state.get("address")

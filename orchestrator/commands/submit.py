@@ -165,21 +165,21 @@ def queue_with_service(args, spec: JobSpec) -> int | None:
     HTTP API when `orchestrator up` recorded it here and this machine holds the cluster's
     token (a fraction of a second), else by joining the cluster as a Ray driver (seconds).
     The service gets the specs validated above and only checks them against the schema."""
+    from orchestrator import client
     from orchestrator.ray.cluster import read_token
     from orchestrator.ray.origin import remember
-    from orchestrator.scheduler import http_api
-    from orchestrator.scheduler.submission import zip_project
+    from orchestrator.service.submission import zip_project
 
     specs, options = queue_items(spec)
     working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
-    page, token = http_api.recorded_page(args.address), read_token()
+    page, token = client.recorded_page(args.address), read_token()
     if page and token:
         raw = [job_spec.model_dump(mode="json", by_alias=True) for job_spec in specs]
         try:
-            views = http_api.submit(page, token, raw, options, zip_project(working_dir))
-        except http_api.Refused as err:
+            views = client.api_submit(page, token, raw, options, zip_project(working_dir))
+        except client.Refused as err:
             raise UsageError(str(err)) from None
-        except http_api.Unreachable:
+        except client.Unreachable:
             views = None  # e.g. a service restarted elsewhere: join the cluster instead
         if views is not None:
             remember(working_dir)  # a later `ray job submit` from here resolves relative paths here
@@ -228,9 +228,9 @@ def submitter() -> str:
 
 
 def queue_through_ray(args, spec: JobSpec, specs: list, options: list[dict], working_dir: Path) -> int | None:
+    from orchestrator import client
     from orchestrator.ray.origin import remember
-    from orchestrator.scheduler import client
-    from orchestrator.scheduler.submission import zip_project
+    from orchestrator.service.submission import zip_project
 
     with client.connected_service(args.address, required=spec.sweep is not None) as service:
         if service is None:
@@ -277,12 +277,12 @@ class ActorReader:
         self.service = service
 
     def status(self, job_id: str) -> dict:
-        from orchestrator.scheduler import client
+        from orchestrator import client
 
         return client.call(self.service.status, job_id)
 
     def metrics_since(self, job_id: str, since_step: int) -> list[dict]:
-        from orchestrator.scheduler import client
+        from orchestrator import client
 
         return client.call(self.service.metrics_since, job_id, since_step)
 
@@ -294,23 +294,23 @@ class HttpReader:
         self.page, self.patience_s = page, patience_s
 
     def status(self, job_id: str) -> dict:
-        from orchestrator.scheduler import http_api
+        from orchestrator import client
 
-        return self._retry(http_api.job, job_id) or {"id": job_id, "state": "unknown", "history": []}
+        return self._retry(client.api_job, job_id) or {"id": job_id, "state": "unknown", "history": []}
 
     def metrics_since(self, job_id: str, since_step: int) -> list[dict]:
-        from orchestrator.scheduler import http_api
+        from orchestrator import client
 
-        return self._retry(http_api.metrics_since, job_id, since_step)
+        return self._retry(client.api_metrics_since, job_id, since_step)
 
     def _retry(self, read, *args):
-        from orchestrator.scheduler import http_api
+        from orchestrator import client
 
         deadline = time.monotonic() + self.patience_s
         while True:
             try:
                 return read(self.page, *args)
-            except http_api.Unreachable as err:
+            except client.Unreachable as err:
                 if time.monotonic() > deadline:
                     raise UsageError(f"the orchestrator service does not answer ({err})") from None
                 time.sleep(1.0)

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from orchestrator.scheduler.autoscale import NodeType
+from orchestrator.policy.autoscale import NodeType
 
 log = logging.getLogger(__name__)
 MONITOR = "autoscaler/_private/monitor.py"

@@ -45,7 +45,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from core.queues import QueueConfig
-from orchestrator.scheduler.admission import (
+from orchestrator.policy.admission import (
     EPS,
     format_resources,
     free_capacity,
@@ -54,15 +54,15 @@ from orchestrator.scheduler.admission import (
     place,
     positive,
 )
-from orchestrator.scheduler.cohorts import CohortBook, CohortLayout, Verdict
-from orchestrator.scheduler.defrag import DEFAULT_MIN_RUN_S
-from orchestrator.scheduler.elastic import Resizes
-from orchestrator.scheduler.las import Las
-from orchestrator.scheduler.preemption import choose_shrinks
-from orchestrator.scheduler.queue import QuotaBook, order_pending, quota_reason
-from orchestrator.scheduler.room import Shape, Spare, View, at_sizes, headroom, released, shadow, shape_of
-from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node
-from orchestrator.scheduler.victims import MOVE, Victims
+from orchestrator.policy.cohorts import CohortBook, CohortLayout, Verdict
+from orchestrator.policy.defrag import DEFAULT_MIN_RUN_S
+from orchestrator.policy.elastic import Resizes
+from orchestrator.policy.las import Las
+from orchestrator.policy.preemption import choose_shrinks
+from orchestrator.policy.queue import QuotaBook, order_pending, quota_reason
+from orchestrator.policy.room import Shape, Spare, View, at_sizes, headroom, released, shadow, shape_of
+from orchestrator.policy.types import Allocation, Decision, JobRequest, Node
+from orchestrator.policy.victims import MOVE, Victims
 
 DEFAULT_BACKFILL_WINDOW = 100
 DEFAULT_GROW_AFTER_S = 120.0
@@ -344,62 +344,93 @@ class _Pass(Victims, Resizes):
         """The head's reservation (`head`: the job at its smallest size); chooses jobs to shrink
         or victims (into the decision) when that lets it start. `chosen`: victims chosen
         already (`_quota_preemption`), preempted for the reason `why`."""
-        now, decision, free = self.now, self.decision, self.free.by_node
         stopping = [allocation for allocation in self.running if allocation.stopping]
-        victims: list[Allocation] = []
-        shrinks: dict[str, int] | None = None
-        if stopping:
-            victims = stopping  # stopped for an earlier head, or for this one: wait, choose no more
-        elif self.policy.preemption:
-            by_id = {allocation.job_id: allocation for allocation in self.running}
-            if chosen is None:
-                # shrink before stop: whole jobs are stopped only when shrinking cannot make room
-                shrinks = choose_shrinks(
-                    head,
-                    self.running,
-                    self.policy.nodes,
-                    free,
-                    lambda plan: self._come_back(job, plan, by_id),
-                )
-                if shrinks:
-                    chosen = list(shrinks)
-                else:
-                    chosen, why = self._victims(head)
-            victims = [by_id[job_id] for job_id in chosen]
-        if victims:
-            # a shrunk job, like a victim, stops whole (checkpointed) and starts again smaller
-            future = released(free, victims)
-            placement = place(head, future)
-            if placement is not None:
-                names = [victim.job_id for victim in victims]
-                if shrinks:
-                    decision.resize = dict(shrinks)
-                    verb = f"shrinking {len(victims)} elastic job(s)"
-                    names = [f"{v.job_id} {v.workers}->{shrinks[v.job_id]} workers" for v in victims]
-                elif not stopping:
-                    decision.preempt, decision.moving = names, why == MOVE
-                    verb = (
-                        f"moving {len(victims)} job(s) to other nodes (free room is spread too thin)"
-                        if why == MOVE
-                        else f"preempting {len(victims)} {why} job(s)"
-                    )
-                else:
-                    verb = f"waiting for {len(victims)} stopping job(s) to release their resources"
-                decision.reserved_for = decision.head = head.id
-                decision.head_start = now
-                decision.notes[head.id] = f"next in line: {verb}: {', '.join(names)}"
-                # promised: the head's placement when it starts, and the room that the elastic
-                # jobs among those stopping need to start again beside it
-                returning = [victim for victim in victims if victim.elastic]
-                reserved = None
-                if job.sizes or returning:
-                    reserved, room, _ = self._next_pass(job, future, returning)
-                if reserved is None:  # a fixed-size head and no elastic job to come back
-                    reserved, room = placement, headroom(future, placement, head)
-                self.reservation = _Reservation(head, now, reserved, promised=True)
-                self.spare = Spare(free, room)
-                return
+        victims, shrinks, why = self._stops_for(job, head, stopping, chosen, why)
+        if victims and self._reserve_behind(job, head, victims, shrinks, bool(stopping), why):
+            return
+        self._reserve_at_shadow(head)
 
+    def _stops_for(
+        self,
+        job: JobRequest,
+        head: JobRequest,
+        stopping: list[Allocation],
+        chosen: list[str] | None,
+        why: str,
+    ) -> tuple[list[Allocation], dict[str, int] | None, str]:
+        """(the running jobs whose stop would make room for the head, the sizes to shrink them
+        to when they are shrunk rather than stopped, the reason they are stopped for)."""
+        if stopping:
+            return stopping, None, why  # stopped for an earlier head, or for this one: wait, choose no more
+        if not self.policy.preemption:
+            return [], None, why
+        by_id = {allocation.job_id: allocation for allocation in self.running}
+        shrinks: dict[str, int] | None = None
+        if chosen is None:
+            # shrink before stop: whole jobs are stopped only when shrinking cannot make room
+            shrinks = choose_shrinks(
+                head,
+                self.running,
+                self.policy.nodes,
+                self.free.by_node,
+                lambda plan: self._come_back(job, plan, by_id),
+            )
+            if shrinks:
+                chosen = list(shrinks)
+            else:
+                chosen, why = self._victims(head)
+        return [by_id[job_id] for job_id in chosen], shrinks, why
+
+    def _reserve_behind(
+        self,
+        job: JobRequest,
+        head: JobRequest,
+        victims: list[Allocation],
+        shrinks: dict[str, int] | None,
+        stopping: bool,
+        why: str,
+    ) -> bool:
+        """Reserve for the head the room that the victims release, when it fits there (the
+        decision stops or shrinks them unless they are `stopping` already); whether it did."""
+        now, decision, free = self.now, self.decision, self.free.by_node
+        # a shrunk job, like a victim, stops whole (checkpointed) and starts again smaller
+        future = released(free, victims)
+        placement = place(head, future)
+        if placement is None:
+            return False
+        names = [victim.job_id for victim in victims]
+        if shrinks:
+            decision.resize = dict(shrinks)
+            verb = f"shrinking {len(victims)} elastic job(s)"
+            names = [f"{v.job_id} {v.workers}->{shrinks[v.job_id]} workers" for v in victims]
+        elif not stopping:
+            decision.preempt, decision.moving = names, why == MOVE
+            verb = (
+                f"moving {len(victims)} job(s) to other nodes (free room is spread too thin)"
+                if why == MOVE
+                else f"preempting {len(victims)} {why} job(s)"
+            )
+        else:
+            verb = f"waiting for {len(victims)} stopping job(s) to release their resources"
+        decision.reserved_for = decision.head = head.id
+        decision.head_start = now
+        decision.notes[head.id] = f"next in line: {verb}: {', '.join(names)}"
+        # promised: the head's placement when it starts, and the room that the elastic
+        # jobs among those stopping need to start again beside it
+        returning = [victim for victim in victims if victim.elastic]
+        reserved = None
+        if job.sizes or returning:
+            reserved, room, _ = self._next_pass(job, future, returning)
+        if reserved is None:  # a fixed-size head and no elastic job to come back
+            reserved, room = placement, headroom(future, placement, head)
+        self.reservation = _Reservation(head, now, reserved, promised=True)
+        self.spare = Spare(free, room)
+        return True
+
+    def _reserve_at_shadow(self, head: JobRequest) -> None:
+        """Reserve for the head the room the running jobs release by their runtime estimates
+        (its shadow time); the decision's note says what it waits for."""
+        now, decision, free = self.now, self.decision, self.free.by_node
         start, avail = shadow(now, head, free, self.held)
         placement = place(head, avail) or {}  # {}: only when nodes vanished under running jobs
         decision.head = head.id

@@ -1,6 +1,6 @@
-"""The orchestrator service's scheduler: one queue per Ray cluster, jobs placed on its nodes.
-
-Pure policy (no Ray, so it can be simulated and property-tested; `bench/scheduler_sim.py`):
+"""The scheduling policy: one queue per Ray cluster, jobs placed on its nodes. Pure: it imports
+no Ray (tests/test_layers.py checks it), so it can be simulated and property-tested
+(`bench/scheduler_sim.py`); the service (`orchestrator/service/`) runs it on a live cluster.
 
 - `types`: the values passed in and out (`JobRequest`, `Node`, `Allocation`, `Decision`).
 - `queue`: queue order (priority, then age, then id) and per-queue quota accounting.
@@ -10,17 +10,15 @@ Pure policy (no Ray, so it can be simulated and property-tested; `bench/schedule
 - `policy`: one scheduling pass (`Policy.schedule`); `room`, the free room a pass hands out;
   `victims`, whom it stops for its head (`defrag`: moves when free room is spread too thin);
   `elastic`, resizes and growing; `las` and `cohorts`, the queue orders and fair share.
-- `fifo`: `FifoPolicy`, the baseline.
+- `autoscale`: what to ask an autoscaler for (node types that would let waiting jobs start).
+- `hangs` and `stragglers`: the rules that call a job hung or a rank a straggler.
+- `node_watch`: which nodes stopped answering, around a probe the service injects.
 
-Ray side, imported on its own (never from here, so the pure modules stay importable without
-Ray): `actor.py`, the detached service actor and the calls it answers; `cycle.py`, its
-scheduling pass; `lifecycle.py`, every change of a job's state; `store.py`, the durable job
-table; `progress.py`, a driver's report folded in; `health.py`, what the service does about
-hangs and stragglers; `views.py`, what it shows; `submission.py`, `live.py`, `runner.py`,
-`client.py`. Design notes: docs/scheduler.md.
+The FIFO baseline the policy is measured against is `bench/fifo.py`. Design notes:
+docs/scheduler.md.
 """
 
-from orchestrator.scheduler.admission import (
+from orchestrator.policy.admission import (
     add,
     fits,
     fits_cluster,
@@ -31,17 +29,15 @@ from orchestrator.scheduler.admission import (
     scale,
     subtract,
 )
-from orchestrator.scheduler.fifo import FifoPolicy
-from orchestrator.scheduler.policy import DEFAULT_BACKFILL_WINDOW, Policy
-from orchestrator.scheduler.preemption import choose_victims, victim_rank
-from orchestrator.scheduler.queue import QuotaBook, order_pending, queue_key, quota_reason
-from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node, Resources
+from orchestrator.policy.policy import DEFAULT_BACKFILL_WINDOW, Policy
+from orchestrator.policy.preemption import choose_victims, victim_rank
+from orchestrator.policy.queue import QuotaBook, order_pending, queue_key, quota_reason
+from orchestrator.policy.types import Allocation, Decision, JobRequest, Node, Resources
 
 __all__ = [
     "DEFAULT_BACKFILL_WINDOW",
     "Allocation",
     "Decision",
-    "FifoPolicy",
     "JobRequest",
     "Node",
     "Policy",

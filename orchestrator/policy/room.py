@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from operator import attrgetter
 
-from orchestrator.scheduler.admission import EPS, UNBOUNDED, place, positive, slots
-from orchestrator.scheduler.types import Allocation, JobRequest, Resources
+from orchestrator.policy.admission import EPS, UNBOUNDED, place, positive, slots
+from orchestrator.policy.types import Allocation, JobRequest, Resources
 
 # workers, per-worker resources, the nodes it avoids: everything a placement verdict depends on
 Shape = tuple[int, tuple[tuple[str, float], ...], frozenset[str]]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from orchestrator.scheduler.admission import place
-from orchestrator.scheduler.queue import QuotaBook
-from orchestrator.scheduler.room import at_sizes, released, take
-from orchestrator.scheduler.types import Allocation, JobRequest, Resources
+from orchestrator.policy.admission import place
+from orchestrator.policy.queue import QuotaBook
+from orchestrator.policy.room import at_sizes, released, take
+from orchestrator.policy.types import Allocation, JobRequest, Resources
 
 
 def requeued(allocation: Allocation) -> JobRequest:

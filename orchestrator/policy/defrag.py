@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from orchestrator.scheduler.admission import EPS, place, positive
-from orchestrator.scheduler.room import released, take
-from orchestrator.scheduler.types import Allocation, JobRequest, Resources
+from orchestrator.policy.admission import EPS, place, positive
+from orchestrator.policy.room import released, take
+from orchestrator.policy.types import Allocation, JobRequest, Resources
 
 DEFAULT_MIN_RUN_S = 600.0
 

@@ -2,7 +2,7 @@
 
     CLI (submit, queue, stop, preempt, status)  --actor calls-->  OrchestratorService (this file)
     a job's driver (`orchestrator run`)         --actor calls-->    |  SchedulingCycle (cycle.py)
-                                                                    |  Policy (policy.py, pure)
+                                                                    |  Policy (policy/policy.py, pure)
                                                                     |  Lifecycle (lifecycle.py)
                                                                     |  Store (store.py: job files)
                                                                     |  JobRunner (Ray Jobs API)
@@ -38,27 +38,25 @@ from core.jobs import JobState
 from core.queues import QueueConfig, validate_queue_config
 from core.records import STEP
 from core.spec import JobSpec, SpecError, validate
+from orchestrator.client import NAMESPACE, SERVICE_NAME
 from orchestrator.monitoring.exporter import registry_for
 from orchestrator.monitoring.page_view import PageView, process_info
 from orchestrator.monitoring.web import make_app, serve
+from orchestrator.policy.policy import Policy
 from orchestrator.ray.autoscaler import detected_config
 from orchestrator.ray.cluster import read_token
 from orchestrator.ray.node_health import HealthChecks
-from orchestrator.scheduler.cycle import SchedulingCycle, request
-from orchestrator.scheduler.health import Health
-from orchestrator.scheduler.lifecycle import Lifecycle
-from orchestrator.scheduler.live import LiveMetrics
-from orchestrator.scheduler.policy import Policy
-from orchestrator.scheduler.progress import fold
-from orchestrator.scheduler.runner import JobRunner
-from orchestrator.scheduler.store import JobRecord, Store
-from orchestrator.scheduler.submission import new_job_id, new_record, storage_refusal, unpack
-from orchestrator.scheduler.views import Views
-from orchestrator.scheduler.watchdog import Watchdog
+from orchestrator.service.cycle import SchedulingCycle, request
+from orchestrator.service.health import Health, Watchdog
+from orchestrator.service.lifecycle import Lifecycle
+from orchestrator.service.live import LiveMetrics
+from orchestrator.service.progress import fold
+from orchestrator.service.runner import JobRunner
+from orchestrator.service.store import JobRecord, Store
+from orchestrator.service.submission import new_job_id, new_record, storage_refusal, unpack
+from orchestrator.service.views import Views
 
-SERVICE_NAME = "orchestrator"
 HEAD_RESOURCE = "node:__internal_head__"
-NAMESPACE = "orchestrator"
 
 log = logging.getLogger("orchestrator.service")
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 
 from core.run_folder import checkpoint_step
-from orchestrator.scheduler.live import LiveMetrics
-from orchestrator.scheduler.store import JobRecord
-from orchestrator.scheduler.watchdog import Watchdog
+from orchestrator.service.health import Watchdog
+from orchestrator.service.live import LiveMetrics
+from orchestrator.service.store import JobRecord
 
 
 def fold(job: JobRecord, progress: dict, live: LiveMetrics, watchdog: Watchdog) -> bool:

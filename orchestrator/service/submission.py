@@ -15,8 +15,8 @@ from core import run_folder, storage
 from core.jobs import resources_for
 from core.ledger import Ledger
 from core.spec import JobSpec
-from orchestrator.scheduler.runner import write_spec
-from orchestrator.scheduler.store import JobRecord, Store, project_files
+from orchestrator.service.runner import write_spec
+from orchestrator.service.store import JobRecord, Store, project_files
 
 
 def new_job_id(name: str) -> str:

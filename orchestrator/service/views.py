@@ -11,13 +11,13 @@ import time
 from typing import Any
 
 from core.ledger import cluster_goodput
-from orchestrator.scheduler.admission import add, scale
-from orchestrator.scheduler.cohorts import CohortBook
-from orchestrator.scheduler.cycle import SchedulingCycle, allocation
-from orchestrator.scheduler.live import LiveMetrics
-from orchestrator.scheduler.runner import submission_id
-from orchestrator.scheduler.store import JobRecord
-from orchestrator.scheduler.watchdog import Watchdog
+from orchestrator.policy.admission import add, scale
+from orchestrator.policy.cohorts import CohortBook
+from orchestrator.service.cycle import SchedulingCycle, allocation
+from orchestrator.service.health import Watchdog
+from orchestrator.service.live import LiveMetrics
+from orchestrator.service.runner import submission_id
+from orchestrator.service.store import JobRecord
 
 
 class Views:

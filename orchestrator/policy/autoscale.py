@@ -1,6 +1,6 @@
 """What to ask an autoscaler for when the head of the queue does not fit the cluster now.
 
-Pure: node types and counts in, a plan out. The service (`cycle.py`) hands the plan to Ray's
+Pure: node types and counts in, a plan out. The service (`service/cycle.py`) hands the plan to Ray's
 autoscaler (`orchestrator/ray/autoscaler.py`) as bundles, and withdraws it once the job runs.
 
 A node type is what an autoscaler config declares (Ray's `available_node_types`): the
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from orchestrator.scheduler.admission import format_resources, place, positive
-from orchestrator.scheduler.types import JobRequest, Node, Resources
+from orchestrator.policy.admission import format_resources, place, positive
+from orchestrator.policy.types import JobRequest, Node, Resources
 
 HOST_RESOURCES = {"CPU", "memory", "object_store_memory"}  # every node has these: none is wasted
 

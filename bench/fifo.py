@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from operator import attrgetter
 
-from orchestrator.scheduler.admission import free_capacity, oversize_reason, oversize_why
-from orchestrator.scheduler.queue import QuotaBook, quota_reason
-from orchestrator.scheduler.room import Shape, View, at_sizes
-from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node
+from orchestrator.policy.admission import free_capacity, oversize_reason, oversize_why
+from orchestrator.policy.queue import QuotaBook, quota_reason
+from orchestrator.policy.room import Shape, View, at_sizes
+from orchestrator.policy.types import Allocation, Decision, JobRequest, Node
 
 DEFAULT_GROW_AFTER_S = 120.0  # unused: the signature matches `Policy`'s
 

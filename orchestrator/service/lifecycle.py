@@ -16,9 +16,9 @@ import time
 
 from core.jobs import JobState, check_transition
 from core.run_folder import checkpoint_step
-from orchestrator.scheduler.las import service_rate
-from orchestrator.scheduler.runner import JobRunner, submission_id
-from orchestrator.scheduler.store import JobRecord, Store
+from orchestrator.policy.las import service_rate
+from orchestrator.service.runner import JobRunner, submission_id
+from orchestrator.service.store import JobRecord, Store
 
 log = logging.getLogger("orchestrator.service")
 

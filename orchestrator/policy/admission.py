@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from orchestrator.scheduler.types import Allocation, JobRequest, Node, Resources
+from orchestrator.policy.types import Allocation, JobRequest, Node, Resources
 
 # Amounts are floats (0.5 CPU); a tolerance keeps 0.1 + 0.2 from failing to fit into 0.3.
 EPS = 1e-9

@@ -9,10 +9,10 @@ that move elsewhere (`defrag.py`). It reads the pass's state.
 
 from __future__ import annotations
 
-from orchestrator.scheduler.cohorts import Verdict
-from orchestrator.scheduler.defrag import plan_moves
-from orchestrator.scheduler.preemption import choose_victims
-from orchestrator.scheduler.types import Allocation, JobRequest
+from orchestrator.policy.cohorts import Verdict
+from orchestrator.policy.defrag import plan_moves
+from orchestrator.policy.preemption import choose_victims
+from orchestrator.policy.types import Allocation, JobRequest
 
 MOVE = "move"  # the reason to stop jobs that only move to make room (`defrag.py`)
 

@@ -29,8 +29,8 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping
 
-from orchestrator.scheduler.admission import EPS, UNBOUNDED, place, positive, slots
-from orchestrator.scheduler.types import Allocation, JobRequest, Node, Resources
+from orchestrator.policy.admission import EPS, UNBOUNDED, place, positive, slots
+from orchestrator.policy.types import Allocation, JobRequest, Node, Resources
 
 # bounds the swap pass (each trial is a few dict operations); keeps the choice fast on big clusters
 SWAP_TRIALS = 256

@@ -31,8 +31,8 @@ from collections.abc import Iterable
 from enum import Enum
 
 from core.queues import QueueConfig
-from orchestrator.scheduler.admission import EPS, format_resources
-from orchestrator.scheduler.types import Allocation, JobRequest, Resources
+from orchestrator.policy.admission import EPS, format_resources
+from orchestrator.policy.types import Allocation, JobRequest, Resources
 
 
 class Verdict(Enum):

@@ -33,7 +33,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 
 from core.queues import LasSettings
-from orchestrator.scheduler.types import Allocation, JobRequest
+from orchestrator.policy.types import Allocation, JobRequest
 
 
 def service_rate(per_worker: Mapping[str, float], workers: int) -> float:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from operator import attrgetter
 
-from orchestrator.scheduler.admission import EPS, format_resources
-from orchestrator.scheduler.types import Allocation, JobRequest, Resources
+from orchestrator.policy.admission import EPS, format_resources
+from orchestrator.policy.types import Allocation, JobRequest, Resources
 
 Quotas = Mapping[str, Mapping[str, float]]
 

@@ -1,12 +1,12 @@
 """One scheduling pass of the service, every `tick_s`:
 
-1. read the cluster's live nodes from Ray's node table, probe them (`node_watch.py`) and hand
+1. read the cluster's live nodes from Ray's node table, probe them (`policy/node_watch.py`) and hand
    the policy those that answer and are not in doubt;
 2. reconcile the job table with the cluster: a job on a node that died or does not answer goes
    back to its place in the queue; a driver that died, workers that did not start in time, a
    victim that did not stop within its grace period, a failed attempt held until every node of
    its answered a probe (then failed, or requeued if its collectives failed);
-3. ask the policy (pure, `policy.py`) what to admit and whom to preempt, and act on it through
+3. ask the policy (pure, `policy/policy.py`) what to admit and whom to preempt, and act on it through
    the lifecycle, which writes every change to the store first.
 """
 
@@ -19,16 +19,16 @@ import ray
 from ray.job_submission import JobStatus
 
 from core.jobs import JobState
+from orchestrator.policy import autoscale
+from orchestrator.policy.admission import free_capacity, place
+from orchestrator.policy.hangs import start_stuck
+from orchestrator.policy.node_watch import NodeWatch
+from orchestrator.policy.policy import Policy
+from orchestrator.policy.types import Allocation, Decision, JobRequest, Node
 from orchestrator.ray import node_health
 from orchestrator.ray.autoscaler import StandingRequest, node_types
-from orchestrator.scheduler import autoscale
-from orchestrator.scheduler.admission import free_capacity, place
-from orchestrator.scheduler.hangs import start_stuck
-from orchestrator.scheduler.lifecycle import Lifecycle
-from orchestrator.scheduler.node_watch import NodeWatch
-from orchestrator.scheduler.policy import Policy
-from orchestrator.scheduler.store import JobRecord
-from orchestrator.scheduler.types import Allocation, Decision, JobRequest, Node
+from orchestrator.service.lifecycle import Lifecycle
+from orchestrator.service.store import JobRecord
 
 log = logging.getLogger("orchestrator.service")
 

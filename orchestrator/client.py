@@ -1,0 +1,227 @@
+"""How anything outside the orchestrator service reaches it: the CLI and the jobs' drivers.
+
+Two ways in. The service's HTTP API (the status page's server, `monitoring/web.py`) answers in
+milliseconds and leaves nothing behind; joining the cluster as a Ray driver to call the service
+actor takes seconds on a small machine and leaves a row in Ray's job list for every command.
+The CLI reads over HTTP when `orchestrator up` recorded the service's page on this machine and
+no --address names another cluster; when the page cannot be reached (a service restarted on
+another port, a page turned off, a cluster without token auth) it joins the cluster instead.
+Submitting over HTTP sends the cluster's Ray token, which the service checks.
+
+Actor calls are retried while Ray restarts the service actor (a restart reloads the queue from
+the store within seconds); an error the service raises on purpose (an unknown job, a job too
+big for the cluster) becomes a `ServiceError` with the service's one-line message.
+
+Imports neither Ray nor torch at module level (the HTTP way in needs neither), nor the service
+actor's module: the names the actor is registered under live here, and it imports them.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from orchestrator.errors import UsageError
+
+SERVICE_NAME = "orchestrator"  # the service actor's name, in its namespace
+NAMESPACE = "orchestrator"
+
+TIMEOUT_S = 5.0
+SUBMIT_TIMEOUT_S = 120.0  # a large project directory travels in the request
+
+
+# -- the service's HTTP API ----------------------------------------------------------------------
+
+
+class Refused(Exception):
+    """The service said no (a job too big for the cluster, an id taken): one line for a person."""
+
+
+class Unreachable(Exception):
+    """No answer from the recorded page: use the cluster instead."""
+
+
+def recorded_page(address: str | None) -> str | None:
+    """The service page `orchestrator up` recorded here, unless --address asks for a cluster."""
+    if address:
+        return None
+    from orchestrator.ray import cluster
+
+    return (cluster.read_state() or {}).get("status_page")
+
+
+def api_get(page: str, path: str):
+    """GET `path` of the page's API as JSON; None for a 404 (an unknown job)."""
+    url = f"{page.rstrip('/')}/api/{path.lstrip('/')}"
+    try:
+        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as reply:
+            return json.load(reply)
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise Unreachable(f"{url}: HTTP {err.code}") from None
+    except (OSError, ValueError) as err:  # refused, timed out, not our JSON
+        raise Unreachable(f"{url}: {err}") from None
+
+
+def api_job(page: str, job_id: str) -> dict | None:
+    return api_get(page, f"jobs/{urllib.parse.quote(job_id, safe='')}")
+
+
+def api_metrics_since(page: str, job_id: str, since_step: int) -> list[dict]:
+    """The job's metrics records with step > since_step."""
+    return api_get(page, f"jobs/{urllib.parse.quote(job_id, safe='')}/metrics?since={since_step}") or []
+
+
+def api_submit(page: str, token: str, specs: list[dict], options: list[dict], package: bytes) -> list[dict]:
+    """Queue the specs (JSON-ready dicts) with the project's zip; the jobs' views."""
+    body = json.dumps(
+        {"specs": specs, "options": options, "package": base64.b64encode(package).decode()}
+    ).encode()
+    url = f"{page.rstrip('/')}/api/jobs"
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, body, headers, method="POST"), timeout=SUBMIT_TIMEOUT_S
+        ) as reply:
+            return json.load(reply)["jobs"]
+    except urllib.error.HTTPError as err:
+        if err.code == 400:
+            raise Refused(_error_of(err)) from None
+        raise Unreachable(f"{url}: HTTP {err.code}") from None
+    except (OSError, ValueError, KeyError) as err:
+        raise Unreachable(f"{url}: {err}") from None
+
+
+def _error_of(err: urllib.error.HTTPError) -> str:
+    try:
+        return str(json.load(err)["error"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {err.code}"
+
+
+# -- the service actor ---------------------------------------------------------------------------
+
+
+class ServiceError(Exception):
+    """The service said no (or is unreachable): printed as one line."""
+
+
+def find():
+    """The service's actor handle on the connected cluster, or None when there is none."""
+    import ray
+
+    try:
+        return ray.get_actor(SERVICE_NAME, namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+def call(method, *args, retries: int = 60, delay: float = 1.0, timeout: float = 120.0):
+    """`method.remote(*args)`, waiting out a restart of the service actor."""
+    import ray
+
+    for attempt in range(retries + 1):
+        try:
+            return ray.get(method.remote(*args), timeout=timeout)
+        except ray.exceptions.RayTaskError as err:  # the service raised: its message is the answer
+            cause = getattr(err, "cause", None) or err
+            text = str(cause.args[0] if getattr(cause, "args", None) else cause).strip()
+            raise ServiceError(text.splitlines()[0] if text else type(cause).__name__) from None
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
+            if attempt == retries:
+                raise ServiceError(
+                    f"the orchestrator service does not answer ({type(err).__name__})"
+                ) from None
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def own_submission_id() -> str | None:
+    """The Ray Job submission id of this process, when Ray Jobs started it."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return None
+    try:
+        return json.loads(raw).get("metadata", {}).get("job_submission_id")
+    except (ValueError, AttributeError):
+        return None
+
+
+def package_if_in_ray_job() -> bytes | None:
+    """A driver that Ray Jobs started runs in its job's working_dir: ship it, so that the
+    service can start the job again if this driver dies."""
+    from orchestrator.service.submission import zip_project
+
+    return zip_project(Path.cwd()) if own_submission_id() else None
+
+
+def service_address(address: str | None) -> str | None:
+    """The cluster (GCS) address to find the service at: --address unless it is a dashboard
+    URL, else $RAY_ADDRESS, else what `orchestrator up` recorded."""
+    from orchestrator.ray import cluster
+
+    for candidate in (address, os.environ.get("RAY_ADDRESS"), (cluster.read_state() or {}).get("address")):
+        if candidate and not candidate.startswith(("http://", "https://")):
+            return candidate
+    return None
+
+
+@contextlib.contextmanager
+def connected_service(address: str | None, required: bool = False) -> Iterator:
+    """Join the cluster and yield the service's handle (None when there is none, unless
+    `required`: then say how to start one)."""
+    from orchestrator.ray import cluster
+
+    where = service_address(address)
+    if where is None:
+        if required:
+            raise UsageError(
+                "no orchestrator service known here: start one with `orchestrator up`, or pass "
+                "--address HOST:6379 of a cluster that runs one"
+            )
+        yield None
+        return
+    with cluster.connect(where):
+        service = find()
+        if service is None and required:
+            raise UsageError(
+                f"no orchestrator service on the Ray cluster at {where}; start one with "
+                f"`orchestrator up --address {where}`"
+            )
+        yield service
+
+
+# -- a job the service may know ------------------------------------------------------------------
+
+
+def queued_job(address: str | None, method: str, *params) -> dict | None:
+    """Ask the orchestrator service about a job it knows (`status`, `stop`); None when there is
+    no service or it does not know the id (then the id is a Ray Job submission id, for Ray's
+    Jobs API). A status is read from the service's HTTP API when `up` recorded it here (no
+    need to join the cluster); otherwise, or when the page does not answer, from the actor."""
+    page = recorded_page(address) if method == "status" else None
+    if page:
+        try:
+            return api_job(page, params[0])
+        except Unreachable:
+            pass
+    if service_address(address) is None:  # joining the cluster below takes seconds
+        return None
+    with connected_service(address) as service:
+        if service is None:
+            return None
+        try:
+            return call(getattr(service, method), *params)
+        except ServiceError as err:
+            if "no job" in str(err):
+                return None
+            raise UsageError(str(err)) from None
