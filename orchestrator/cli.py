@@ -16,6 +16,7 @@ import sys
 
 from core.spec import SpecError
 from orchestrator import __version__
+from orchestrator.commands.options import add_spec_arguments
 from orchestrator.errors import UsageError
 
 __all__ = ["UsageError", "add_spec_arguments", "build_parser", "main"]
@@ -36,19 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         importlib.import_module(f"orchestrator.commands.{name}").register(sub)
     return parser
-
-
-def add_spec_arguments(parser: argparse.ArgumentParser, many: bool = False) -> None:
-    """SPEC and the --set overrides every command that takes a spec accepts."""
-    parser.add_argument("spec", nargs="+" if many else None, metavar="SPEC", help="job spec YAML file")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec field, e.g. --set train.steps=20 (repeatable)",
-    )
 
 
 def report_spec_error(err: SpecError) -> int:

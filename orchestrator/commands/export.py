@@ -69,7 +69,7 @@ def export(directory: Path, out: Path) -> tuple[int, int, dict]:
 
 def handle(args) -> int:
     from core import storage
-    from orchestrator.cli import UsageError
+    from orchestrator.errors import UsageError
     from workers.checkpoint import CheckpointError
 
     out = Path(args.out)

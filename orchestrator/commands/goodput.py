@@ -14,12 +14,10 @@ import sys
 import time
 
 from core.ledger import BUCKETS, Goodput
-from orchestrator.cli import UsageError
-from orchestrator.commands.queue import _address, duration_text, read_queue
+from orchestrator.commands.options import add_address
+from orchestrator.commands.queue_views import BAR_MARKS, duration_text, percent, read_queue
+from orchestrator.errors import UsageError
 
-# one letter per bucket for the bars: queued, starting, training, evaluating, checkpointing,
-# stopping, lost, stalled
-BAR_MARKS = dict(zip(BUCKETS, "qs#eckLS", strict=True))
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -28,7 +26,7 @@ def register(sub) -> None:
     parser.add_argument(
         "--since", metavar="DURATION", help="only jobs alive in this window, e.g. 30m, 1h, 2d"
     )
-    _address(parser)
+    add_address(parser)
     parser.set_defaults(handler=handle)
 
 
@@ -39,41 +37,8 @@ def parse_duration(text: str) -> float:
     return float(match[1]) * UNITS[match[2]]
 
 
-def ledger_bar(ledger: dict, width: int = 40) -> str:
-    """The buckets as a bar of `width` characters, one mark per bucket (BAR_MARKS)."""
-    buckets = ledger.get("buckets") or {}
-    wall = sum(buckets.values())
-    if wall <= 0:
-        return ""
-    bar, edge, so_far = "", 0, 0.0
-    for bucket in BUCKETS:  # cumulative rounding: the marks always add up to `width`
-        so_far += buckets.get(bucket, 0.0)
-        end = round(so_far / wall * width)
-        bar, edge = bar + BAR_MARKS[bucket] * (end - edge), end
-    return bar
-
-
-def ledger_lines(ledger: dict) -> list[str]:
-    """`orchestrator status`'s lines: the bar with the goodput, then each bucket's time."""
-    spent = ", ".join(
-        f"{bucket} {duration_text(seconds)}"
-        for bucket, seconds in ledger["buckets"].items()
-        if seconds >= 0.5
-    )
-    goodput = ledger["goodput"]
-    return [
-        f"[{ledger_bar(ledger)}] goodput {percent(goodput['time'])} (scheduling"
-        f" {percent(goodput['scheduling'])} x runtime {percent(goodput['runtime'])})",
-        spent or "nothing yet",
-    ]
-
-
 def bar_legend() -> str:
     return "  ".join(f"{mark} {bucket}" for bucket, mark in BAR_MARKS.items())
-
-
-def percent(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
 
 
 def combined(jobs: list[dict]) -> Goodput:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import functools
 import sys
 
-from orchestrator.cli import UsageError
-from orchestrator.commands.queue import duration_text, workers_text
+from orchestrator.commands.options import add_jobs_api_address, with_cluster_errors
+from orchestrator.commands.queue_views import duration_text, ledger_lines, workers_text
+from orchestrator.errors import UsageError
 
 
 def ray_job_ended(status: str) -> bool:
@@ -26,11 +26,11 @@ def ray_job_ended(status: str) -> bool:
 def register(sub) -> None:
     status = sub.add_parser("status", help="status of a submitted job (default: the newest)")
     status.add_argument("job_id", nargs="?", metavar="ID")
-    add_address_argument(status)
+    add_jobs_api_address(status)
     status.set_defaults(handler=handle_status)
 
     listing = sub.add_parser("list", help="list the jobs submitted to a Ray cluster")
-    add_address_argument(listing)
+    add_jobs_api_address(listing)
     listing.set_defaults(handler=handle_list)
 
     logs = sub.add_parser("logs", help="print a job's logs")
@@ -41,39 +41,14 @@ def register(sub) -> None:
         action="store_true",
         help="keep streaming until the job ends, then exit with its status",
     )
-    add_address_argument(logs)
+    add_jobs_api_address(logs)
     logs.set_defaults(handler=handle_logs)
 
     stop = sub.add_parser("stop", help="stop a job: it checkpoints first (queued jobs just leave the queue)")
     stop.add_argument("job_id", metavar="ID")
     stop.add_argument("--now", action="store_true", help="kill it at once, without a checkpoint")
-    add_address_argument(stop)
+    add_jobs_api_address(stop)
     stop.set_defaults(handler=handle_stop)
-
-
-def add_address_argument(parser) -> None:
-    parser.add_argument(
-        "--address",
-        metavar="URL",
-        help="Ray dashboard (http://HEAD:8265) or cluster address"
-        " (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS, else this machine's)",
-    )
-
-
-def with_cluster_errors(handler):
-    """Cluster and Jobs API failures become one line and exit status 1."""
-
-    @functools.wraps(handler)
-    def wrapped(args) -> int:
-        from orchestrator.ray.cluster import ClusterError
-
-        try:
-            return handler(args)
-        except ClusterError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-
-    return wrapped
 
 
 def _call(args, method: str, *params):
@@ -157,8 +132,6 @@ def print_queued_job(job: dict) -> None:
     waited, eta = duration_text(job.get("waited_s")), duration_text(job.get("remaining_s"))
     print(f"  waited:     {waited} in the queue   ETA: {eta}")
     if job.get("ledger"):
-        from orchestrator.commands.goodput import ledger_lines
-
         bar, spent = ledger_lines(job["ledger"])
         print(f"  time:       {bar}\n              {spent}")
     if job.get("note") or job.get("reason"):

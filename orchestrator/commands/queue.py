@@ -10,48 +10,26 @@ from __future__ import annotations
 import sys
 import time
 
-from core.jobs import TERMINAL_VALUES
-from orchestrator.cli import UsageError
+from orchestrator.commands.options import add_address, with_cluster_errors
+from orchestrator.commands.queue_views import duration_text, read_queue, required_service, workers_text
+from orchestrator.errors import UsageError
 
 
 def register(sub) -> None:
-    from orchestrator.commands.jobs import with_cluster_errors
-
     queue = sub.add_parser("queue", help="the orchestrator service's queue: waiting and running jobs")
     queue.add_argument("--all", action="store_true", help="include finished jobs")
-    _address(queue)
+    add_address(queue)
     queue.set_defaults(handler=with_cluster_errors(handle_queue))
 
     preempt = sub.add_parser("preempt", help="checkpoint a running job and put it back in the queue")
     preempt.add_argument("job_id", metavar="ID")
-    _address(preempt)
+    add_address(preempt)
     preempt.set_defaults(handler=with_cluster_errors(handle_preempt))
 
     sweep = sub.add_parser("sweep", help="the trials of a sweep, ranked by its metric")
     sweep.add_argument("name", metavar="NAME", help="the sweep's job name")
-    _address(sweep)
+    add_address(sweep)
     sweep.set_defaults(handler=with_cluster_errors(handle_sweep))
-
-
-def _address(parser) -> None:
-    parser.add_argument(
-        "--address", help="Ray cluster address, HOST:6379 (default: the one `orchestrator up` recorded)"
-    )
-
-
-def required_service(address: str | None):
-    """A context manager yielding the service, or a UsageError saying how to start one."""
-    from orchestrator import client
-
-    return client.connected_service(address, required=True)
-
-
-def duration_text(seconds: float | None) -> str:
-    """H:MM:SS, the one format of the queue's durations; '-' when unknown."""
-    if seconds is None:
-        return "-"
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def _ago(t: float | None) -> str:
@@ -60,15 +38,6 @@ def _ago(t: float | None) -> str:
 
 def _eta(job: dict) -> str:
     return duration_text(job.get("remaining_s"))
-
-
-def workers_text(job: dict) -> str:
-    """'2', or for an elastic job its size now and its range: '3/2..8' (running), '2..8' (waiting)."""
-    if not job.get("elastic"):
-        return str(job["workers"])
-    low, high = job["elastic"]
-    now = sum(job["placement"].values())
-    return f"{now}/{low}..{high}" if now else f"{low}..{high}"
 
 
 def _resources(job: dict) -> str:
@@ -80,25 +49,6 @@ def _resources(job: dict) -> str:
         + ", ".join(f"{v:g} {k}" for k, v in per.items())
         + (f" ({', '.join(extra)})" if extra else "")
     )
-
-
-def read_queue(address: str | None, include_finished: bool) -> tuple[list[dict], dict]:
-    """(the queue's jobs, the service's info): from the service's HTTP API when `up` recorded
-    it here (milliseconds), else by joining the cluster (seconds)."""
-    from orchestrator import client
-
-    page = client.recorded_page(address)
-    if page:
-        try:
-            jobs, info = client.api_get(page, "queue"), client.api_get(page, "info")
-            if not include_finished:
-                jobs = [job for job in jobs if job["state"] not in TERMINAL_VALUES]
-            return jobs, info
-        except client.Unreachable:
-            pass
-
-    with required_service(address) as service:
-        return client.call(service.queue, include_finished), client.call(service.info)
 
 
 def handle_queue(args) -> int:

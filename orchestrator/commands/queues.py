@@ -12,30 +12,29 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.cli import UsageError
+from orchestrator.commands.options import add_address, with_cluster_errors
+from orchestrator.commands.queue_views import read_queue, required_service
+from orchestrator.errors import UsageError
 
 
 def register(sub) -> None:
-    from orchestrator.commands.jobs import with_cluster_errors
-    from orchestrator.commands.queue import _address
-
     queues = sub.add_parser("queues", help="the queue configuration: cohorts, quotas, LAS")
     verbs = queues.add_subparsers(dest="verb", metavar="VERB", required=True)
     apply = verbs.add_parser("apply", help="validate a queue configuration file and apply it")
     apply.add_argument("file", nargs="?", metavar="FILE", help="the queue configuration (YAML)")
     apply.add_argument("--clear", action="store_true", help="remove the configuration: the default policy")
-    _address(apply)
+    add_address(apply)
     apply.set_defaults(handler=with_cluster_errors(handle_apply))
     show = verbs.add_parser("show", help="the configuration applied and each queue's use")
     show.add_argument("--json", action="store_true", help="as JSON")
-    _address(show)
+    add_address(show)
     show.set_defaults(handler=with_cluster_errors(handle_show))
 
 
 def handle_apply(args) -> int:
     from core.queues import load_queue_config
     from orchestrator import client
-    from orchestrator.commands.queue import queue_lines, required_service
+    from orchestrator.commands.queue import queue_lines
 
     if bool(args.file) == bool(args.clear):
         raise UsageError("queues apply: give a FILE, or --clear to remove the configuration")
@@ -57,7 +56,7 @@ def handle_apply(args) -> int:
 def handle_show(args) -> int:
     import yaml
 
-    from orchestrator.commands.queue import queue_lines, read_queue
+    from orchestrator.commands.queue import queue_lines
 
     _, info = read_queue(args.address, include_finished=False)
     view = info.get("queues")

@@ -8,7 +8,7 @@ from core.spec import JobSpec, SpecError, load_spec, load_stored
 
 
 def register(sub) -> None:
-    from orchestrator.cli import add_spec_arguments
+    from orchestrator.commands.options import add_address, add_spec_arguments
 
     parser = sub.add_parser("run", help="train a job (on Ray, or in this process with --local)")
     add_spec_arguments(parser)
@@ -16,7 +16,7 @@ def register(sub) -> None:
         "--local", action="store_true", help="train in this process, without Ray (one worker)"
     )
     parser.add_argument("--summary", metavar="PATH", help="write a JSON summary here at the end")
-    parser.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else start one)")
+    add_address(parser, "Ray cluster address (default: $RAY_ADDRESS, else start one)")
     # set by the orchestrator service on the drivers it starts: run that queued job
     parser.add_argument("--job-id", help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
@@ -35,7 +35,7 @@ def load_runnable(path: str, overrides: list[str]) -> JobSpec:
 
 
 def handle(args) -> int:
-    from orchestrator.cli import UsageError
+    from orchestrator.errors import UsageError
 
     if args.local:
         from workers.run import run_local

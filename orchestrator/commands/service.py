@@ -17,16 +17,27 @@ import sys
 import tempfile
 import time
 
-from orchestrator.cli import UsageError
+from orchestrator.commands.options import add_address, with_cluster_errors
+from orchestrator.errors import UsageError
 
 
 def register(sub) -> None:
-    from orchestrator.commands.jobs import with_cluster_errors
-
     up = sub.add_parser(
         "up", help="start the orchestrator service (and a local Ray head if there is no cluster)"
     )
-    up.add_argument("--address", help="Ray cluster to serve (default: $RAY_ADDRESS, else start a local one)")
+    _add_cluster_options(up)
+    _add_scheduling_options(up)
+    _add_resilience_options(up)
+    up.set_defaults(handler=with_cluster_errors(handle_up))
+
+    down = sub.add_parser("down", help="stop the orchestrator service (and the Ray head `up` started)")
+    add_address(down, "Ray cluster (default: the one `orchestrator up` recorded)")
+    down.set_defaults(handler=with_cluster_errors(handle_down))
+
+
+def _add_cluster_options(up) -> None:
+    """`up`'s cluster and job store, and the local head it may start."""
+    add_address(up, "Ray cluster to serve (default: $RAY_ADDRESS, else start a local one)")
     up.add_argument(
         "--store", help="job store URI: a path, NFS, s3://, gs://, hdfs:// (default: ~/.orchestrator/store)"
     )
@@ -38,6 +49,10 @@ def register(sub) -> None:
     up.add_argument(
         "--resources", metavar="JSON", help="custom resources of a new local head, e.g. '{\"fake_gpu\": 4}'"
     )
+
+
+def _add_scheduling_options(up) -> None:
+    """`up`'s queues and scheduling policy, and where its status page listens."""
     up.add_argument(
         "--quota",
         action="append",
@@ -69,6 +84,10 @@ def register(sub) -> None:
         help="seconds an admitted job's workers have to start, while no other job's start completes, "
         "before it is requeued (default 300)",
     )
+
+
+def _add_resilience_options(up) -> None:
+    """`up`'s answers to a failing head or node, shared storage, and a cluster that changes size."""
     up.add_argument(
         "--redis",
         metavar="HOST:PORT",
@@ -115,11 +134,6 @@ def register(sub) -> None:
         "on another node) to make room for a job that free resources spread over nodes keep waiting; "
         "'inf' never moves jobs (default 600)",
     )
-    up.set_defaults(handler=with_cluster_errors(handle_up))
-
-    down = sub.add_parser("down", help="stop the orchestrator service (and the Ray head `up` started)")
-    down.add_argument("--address", help="Ray cluster (default: the one `orchestrator up` recorded)")
-    down.set_defaults(handler=with_cluster_errors(handle_down))
 
 
 def parse_quotas(items: list[str]) -> dict[str, dict[str, float]]:
@@ -216,29 +230,7 @@ def handle_up(args) -> int:
     state = {"address": address, "started_head": False}
     if address and address == recorded.get("address"):
         state = dict(recorded)  # a head an earlier `up` started stays ours to stop on `down`
-    for flag, value in (
-        ("--node-loss-wait", args.node_loss_wait),
-        ("--grow-after", args.grow_after),
-        ("--move-after", args.move_after),
-    ):
-        if value is not None and not value >= 0:  # NaN too
-            raise UsageError(f"{flag} {value:g}: must be 0 or more seconds")
-    quotas, queues = parse_quotas(args.quota), None
-    if args.queues:  # SpecError: one line per problem, exit 2, before anything starts
-        from core.queues import load_queue_config
-
-        queues = load_queue_config(args.queues)
-        both = sorted(quotas.keys() & queues.queues.keys())
-        if both:
-            raise UsageError(f"--queues {args.queues}: queue(s) {', '.join(both)} also have a --quota")
-    autoscaler = None
-    if args.autoscaler_config:
-        from orchestrator.ray.autoscaler import ConfigError, load_config
-
-        try:
-            autoscaler = load_config(args.autoscaler_config)
-        except ConfigError as err:
-            raise UsageError(f"--autoscaler-config {err}") from None
+    quotas, queues, autoscaler = _up_settings(args)
     if address and args.redis:
         raise UsageError(
             f"--redis: the cluster at {address} is already running; GCS fault tolerance is set "
@@ -261,21 +253,7 @@ def handle_up(args) -> int:
                 "through its Jobs API; start the head with --include-dashboard=true"
             )
         existing = client.find()
-        config = {
-            "store": store,
-            "dashboard": dashboard,
-            "quotas": quotas,
-            "backfill": not args.no_backfill,
-            "preemption": not args.no_preemption,
-            "start_deadline_s": args.start_deadline,
-            "node_loss_wait_s": args.node_loss_wait,
-            "shared_storage": [os.path.abspath(os.path.expanduser(p)) for p in args.shared_storage],
-            "grow_after_s": args.grow_after,
-            "move_after_s": args.move_after,
-            "autoscaler": autoscaler,
-            "web_host": args.metrics_host,
-            "web_port": args.metrics_port,
-        }
+        config = _service_config(args, store, dashboard, quotas, autoscaler)
         if existing is None:
             wait_for_free_store(store)
             if queues is not None:  # the new service applies what its store holds
@@ -308,6 +286,62 @@ def handle_up(args) -> int:
         f"orchestrator service {verb} (generation {info['generation']}, {info['nodes']} node(s)) "
         f"in {time.perf_counter() - started:.1f} s"
     )
+    _print_service(info, address, dashboard, ray_temp_dir)
+    return 0
+
+
+def _up_settings(args) -> tuple:
+    """`up`'s options checked before anything starts: (quotas, the queue configuration or None,
+    the autoscaler's config or None). Bad ones raise UsageError (or SpecError for --queues)."""
+    for flag, value in (
+        ("--node-loss-wait", args.node_loss_wait),
+        ("--grow-after", args.grow_after),
+        ("--move-after", args.move_after),
+    ):
+        if value is not None and not value >= 0:  # NaN too
+            raise UsageError(f"{flag} {value:g}: must be 0 or more seconds")
+    quotas, queues = parse_quotas(args.quota), None
+    if args.queues:  # SpecError: one line per problem, exit 2, before anything starts
+        from core.queues import load_queue_config
+
+        queues = load_queue_config(args.queues)
+        both = sorted(quotas.keys() & queues.queues.keys())
+        if both:
+            raise UsageError(f"--queues {args.queues}: queue(s) {', '.join(both)} also have a --quota")
+    autoscaler = None
+    if args.autoscaler_config:
+        from orchestrator.ray.autoscaler import ConfigError, load_config
+
+        try:
+            autoscaler = load_config(args.autoscaler_config)
+        except ConfigError as err:
+            raise UsageError(f"--autoscaler-config {err}") from None
+    return quotas, queues, autoscaler
+
+
+def _service_config(args, store: str, dashboard: str, quotas: dict, autoscaler) -> dict:
+    """The configuration a new service actor starts with."""
+    return {
+        "store": store,
+        "dashboard": dashboard,
+        "quotas": quotas,
+        "backfill": not args.no_backfill,
+        "preemption": not args.no_preemption,
+        "start_deadline_s": args.start_deadline,
+        "node_loss_wait_s": args.node_loss_wait,
+        "shared_storage": [os.path.abspath(os.path.expanduser(p)) for p in args.shared_storage],
+        "grow_after_s": args.grow_after,
+        "move_after_s": args.move_after,
+        "autoscaler": autoscaler,
+        "web_host": args.metrics_host,
+        "web_port": args.metrics_port,
+    }
+
+
+def _print_service(info: dict, address: str, dashboard: str, ray_temp_dir: str | None) -> None:
+    """`up`'s lines after the first: where the cluster, its pages and the job store are."""
+    from orchestrator.ray import cluster
+
     print(f"  cluster:   {address}")
     print(f"  dashboard: {dashboard}")
     token = cluster.token_source() if cluster.use_token_if_available() else None
@@ -323,7 +357,6 @@ def handle_up(args) -> int:
         config = write_prometheus_config(info["status_page"], ray_temp_dir)
         print(f"  prometheus --config.file={config}   (scrapes the service and Ray's own metrics)")
     print("  submit a job with: orchestrator submit jobs/vit.yaml")
-    return 0
 
 
 def write_prometheus_config(status_page: str, ray_temp_dir: str | None) -> str:

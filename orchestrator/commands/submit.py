@@ -21,8 +21,9 @@ from core.jobs import TERMINAL_VALUES
 from core.records import eval_fields, is_eval, is_train
 from core.run_folder import checkpoint_step
 from core.spec import JobSpec
-from orchestrator.cli import UsageError, add_spec_arguments
-from orchestrator.commands.jobs import add_address_argument, follow, with_cluster_errors
+from orchestrator.commands.jobs import follow
+from orchestrator.commands.options import add_jobs_api_address, add_spec_arguments, with_cluster_errors
+from orchestrator.errors import UsageError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +31,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 def register(sub) -> None:
     parser = sub.add_parser("submit", help="submit a job to a Ray cluster (Ray Jobs API)")
     add_spec_arguments(parser)
-    add_address_argument(parser)
+    add_jobs_api_address(parser)
     parser.add_argument("--wait", action="store_true", help="follow the job and exit with its status")
     parser.add_argument(
         "--summary",

@@ -13,7 +13,7 @@ from core.spec import JobSpec, SpecError
 
 
 def register(sub) -> None:
-    from orchestrator.cli import add_spec_arguments
+    from orchestrator.commands.options import add_spec_arguments
 
     parser = sub.add_parser("validate", help="check job specs; exit 2 naming each bad field")
     add_spec_arguments(parser, many=True)

@@ -190,48 +190,84 @@ def make_app(
 ) -> web.Application:
     """The status page's app; host it with `serve` (or any aiohttp runner). Without a
     `submitter` it only reads."""
-    live = LiveRates(source)
+    reads = _Reads(source, registry)
+    app = web.Application(middlewares=[_headers], client_max_size=MAX_SUBMISSION_BYTES)
+    app.router.add_get("/", _page)
+    app.router.add_static("/static/", STATIC_DIR)
+    app.router.add_get("/api/info", reads.info)
+    app.router.add_get("/api/queue", reads.queue)
+    app.router.add_get("/api/jobs/{id}", reads.job)
+    app.router.add_get("/api/jobs/{id}/metrics", reads.job_metrics)
+    app.router.add_get("/metrics", reads.metrics)
+    app.router.add_post("/api/jobs", _submit_route(submitter))
+    return app
 
-    async def call(fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
-    async def page(request: web.Request) -> web.StreamResponse:
-        return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+async def _call(fn, *args):
+    """fn(*args) in the loop's executor: a source's calls may block."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
-    async def info(request: web.Request) -> web.Response:
-        return _json(await call(source.info))
 
-    async def queue(request: web.Request) -> web.Response:
-        views = await call(source.queue)
-        return _json(await call(live.annotate, views))
+async def _page(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
-    async def job(request: web.Request) -> web.Response:
+
+@web.middleware
+async def _headers(request: web.Request, handler) -> web.StreamResponse:
+    response = await handler(request)
+    response.headers.setdefault("Content-Security-Policy", PAGE_POLICY)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    if request.path.startswith("/static/"):
+        response.headers.setdefault("Cache-Control", "no-cache")  # revalidate: new versions show
+    return response
+
+
+class _Reads:
+    """The app's GET routes over a `PageSource` (and the Prometheus registry, if any)."""
+
+    def __init__(self, source: PageSource, registry: prometheus_client.CollectorRegistry | None):
+        self.source, self.registry = source, registry
+        self.live = LiveRates(source)
+
+    async def info(self, request: web.Request) -> web.Response:
+        return _json(await _call(self.source.info))
+
+    async def queue(self, request: web.Request) -> web.Response:
+        views = await _call(self.source.queue)
+        return _json(await _call(self.live.annotate, views))
+
+    async def job(self, request: web.Request) -> web.Response:
         job_id = request.match_info["id"]
         try:
-            view = await call(source.job, job_id)
+            view = await _call(self.source.job, job_id)
         except KeyError:
             view = None
         if view is None:
             return _not_found(job_id)
         return _json({**view, "restarts": restarts(view)})
 
-    async def job_metrics(request: web.Request) -> web.Response:
+    async def job_metrics(self, request: web.Request) -> web.Response:
         job_id = request.match_info["id"]
         try:
             since = int(request.query.get("since", "-1"))
         except ValueError:
             return _json({"error": "since must be a step number"}, status=400)
         try:
-            records = await call(source.metrics, job_id, since)
+            records = await _call(self.source.metrics, job_id, since)
         except KeyError:
             return _not_found(job_id)
         return _json(records)
 
-    async def metrics(request: web.Request) -> web.Response:
-        if registry is None:
+    async def metrics(self, request: web.Request) -> web.Response:
+        if self.registry is None:
             return _json({"error": "this orchestrator service exports no Prometheus metrics"}, status=404)
-        body = await call(prometheus_client.generate_latest, registry)
+        body = await _call(prometheus_client.generate_latest, self.registry)
         return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
+
+def _submit_route(submitter: Submitter | None):
+    """POST /api/jobs: queue the jobs of an authenticated body through `submitter`."""
 
     async def submit(request: web.Request) -> web.Response:
         token = submitter.token if submitter is not None else None
@@ -248,31 +284,12 @@ def make_app(
         except (ValueError, KeyError, TypeError, binascii.Error):
             return _json({"error": "the body must be JSON: {specs, options, package}"}, status=400)
         try:
-            views = await call(submitter.submit_specs, specs, options, package)
+            views = await _call(submitter.submit_specs, specs, options, package)
         except ValueError as err:
             return _json({"error": str(err).splitlines()[0] if str(err) else "refused"}, status=400)
         return _json({"jobs": views}, status=201)
 
-    @web.middleware
-    async def headers(request: web.Request, handler) -> web.StreamResponse:
-        response = await handler(request)
-        response.headers.setdefault("Content-Security-Policy", PAGE_POLICY)
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
-        if request.path.startswith("/static/"):
-            response.headers.setdefault("Cache-Control", "no-cache")  # revalidate: new versions show
-        return response
-
-    app = web.Application(middlewares=[headers], client_max_size=MAX_SUBMISSION_BYTES)
-    app.router.add_get("/", page)
-    app.router.add_static("/static/", STATIC_DIR)
-    app.router.add_get("/api/info", info)
-    app.router.add_get("/api/queue", queue)
-    app.router.add_get("/api/jobs/{id}", job)
-    app.router.add_get("/api/jobs/{id}/metrics", job_metrics)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/api/jobs", submit)
-    return app
+    return submit
 
 
 class PageServer:

@@ -127,6 +127,7 @@ class SchedulingCycle:
         runner = self.lifecycle.runner
         statuses = runner.statuses() if any(j.submission_id for j in watched) else {}
         last_start = max((j.started_at or 0.0 for j in self.jobs.values()), default=0.0)
+        deadline = self.config.start_deadline_s
         for job in watched:
             lost = self.lost_nodes(job) if job.state.holds_resources else {}
             if lost and job.state is JobState.STOPPING and set(lost) <= self.drained_away:
@@ -149,7 +150,7 @@ class SchedulingCycle:
                 self._waiting_driver_gone(job, now)
             elif driver_gone and job.state.holds_resources:
                 self.lifecycle.driver_gone(job, now, status)
-            elif job.state is JobState.ADMITTED and start_stuck(job.admitted_at, last_start, now, self.config.start_deadline_s):
+            elif job.state is JobState.ADMITTED and start_stuck(job.admitted_at, last_start, now, deadline):
                 self.lifecycle.start_timed_out(job, now)
             elif job.state is JobState.STOPPING:
                 self.lifecycle.kill_after_grace(job, now)
