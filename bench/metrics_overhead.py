@@ -187,7 +187,7 @@ def main() -> int:
             print(f"wrote {out}")
         return 0
 
-    from tests.conftest import start_ray_head, stop_ray_head
+    from tests.ray_cluster import start_ray_head, stop_ray_head
 
     head = start_ray_head(num_cpus=4)
     env = {**os.environ, "PYTHONPATH": str(ROOT), **head.env}

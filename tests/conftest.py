@@ -39,7 +39,7 @@ def cli():
 
 # --- real Ray clusters (tests/ray_cluster.py): one per session, started like a user would --------
 
-_free_ports = free_ports  # the name other test modules and the benches import
+_free_ports = free_ports  # the name other test modules import (the benches: tests/ray_cluster.py)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -143,7 +143,7 @@ class Run:
 def _train(job: Path, overrides_: list[str]) -> dict:
     from core.spec import load_spec
     from workers.context import LocalContext
-    from workers.trainer import train
+    from workers.run import train
 
     spec = load_spec(job, overrides_)
     return train(spec, LocalContext(spec))

@@ -14,7 +14,7 @@ from tests.dist_suite import VIT, VIT_JOB, losses, suite
 from workers.checkpoint import CheckpointError
 from workers.checkpoint_files import incomplete_reason, newest_valid
 from workers.context import LocalContext
-from workers.trainer import train
+from workers.run import train
 
 CROSS_WORLD_TOL = 1e-5
 

@@ -26,7 +26,7 @@ from workers.checkpoint_files import (
     newest_valid,
 )
 from workers.context import LocalContext
-from workers.trainer import train
+from workers.run import train
 
 SPEC = ROOT / "jobs/convnet.yaml"  # the convnet on 8x8 digits: loads and trains in seconds
 COMMON = ["checkpoint.every_steps=5", "metrics.log_every=5", "train.eval_every=null"]

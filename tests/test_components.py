@@ -1,34 +1,50 @@
 """The training loop's components each own their cadence: saves, logged steps, evaluations."""
 
-from types import SimpleNamespace
-
 import torch
 
 from core.spec import load_spec
 from tests.conftest import ROOT
 from workers import data
-from workers.checkpointer import Checkpointer, TrainState
+from workers.checkpointer import Checkpointer
 from workers.context import RunContext
 from workers.evaluator import Evaluator
 from workers.metrics_ab import MetricsAB
 from workers.metrics_processor import MetricsProcessor
+from workers.train_state import TrainState
 
 
 def components(*overrides):
-    """The three components of a convnet run of 50 steps, on a stand-in for the trainer."""
+    """The three components of a convnet run of 50 steps, each handed stand-ins for its parts."""
     spec = load_spec(ROOT / "jobs/convnet.yaml", ["train.steps=50", *overrides])
-    trainer = SimpleNamespace(
-        device=torch.device("cpu"),
-        info=data.describe(spec.data),
-        is_lm=False,
-        total_steps=spec.train.steps,
-        state=TrainState(),
-    )
-    ctx = RunContext()
+    ctx, state, total_steps = RunContext(), TrainState(), spec.train.steps
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     return (
-        Checkpointer(spec, ctx, trainer),
-        MetricsProcessor(spec, ctx, trainer),
-        Evaluator(spec, ctx, trainer),
+        Checkpointer(spec, ctx, state, model=model, optimizer=optimizer, scheduler=scheduler, scaler=None),
+        MetricsProcessor(
+            spec,
+            ctx,
+            state,
+            info=data.describe(spec.data),
+            total_steps=total_steps,
+            steps_per_epoch=1,
+            timer=None,
+            scheduler=scheduler,
+            save_fields=dict,
+        ),
+        Evaluator(
+            spec,
+            ctx,
+            state,
+            datasets=None,
+            model=model,
+            loss=None,
+            precision=None,
+            micro_batch=1,
+            total_steps=total_steps,
+            message=print,
+        ),
     )
 
 

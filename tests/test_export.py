@@ -12,7 +12,7 @@ from tests.conftest import run_cli
 from tests.dist_suite import GPT, GPT_JOB, VIT, VIT_JOB, suite
 from workers import data, models
 from workers.context import LocalContext
-from workers.trainer import train
+from workers.run import train
 
 EVAL_TOL = 1e-5  # relative: only the summation order of the eval loss differs
 

@@ -169,7 +169,7 @@ def test_padding_columns_are_no_class_and_get_zero_gradient(inplace):
 
 
 def test_training_loop_takes_the_loss_on_the_padded_buffer():
-    from workers.trainer import padded_logits
+    from workers.loss import padded_logits
 
     buffer = torch.randn(2, 5, 64, requires_grad=True) * 1
     logits = buffer[..., :50]  # what a model with a padded vocabulary returns

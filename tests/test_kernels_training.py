@@ -6,7 +6,7 @@ from core.metrics_log import read_metrics
 from core.spec import load_spec
 from tests.conftest import ROOT
 from workers.context import LocalContext
-from workers.trainer import train
+from workers.run import train
 
 ALL_TRITON = [
     "kernels.attention=triton",

@@ -23,29 +23,11 @@ def n_params(model):
 
 
 def image_info(size, channels=3, classes=7):
-    return DataInfo(
-        kind="image",
-        num_classes=classes,
-        in_channels=channels,
-        image_size=size,
-        vocab_size=None,
-        seq_len=None,
-        train_size=1,
-        eval_size=0,
-    )
+    return DataInfo.images(classes, channels, size, train_size=1, eval_size=0)
 
 
 def token_info(vocab=97, seq_len=16):
-    return DataInfo(
-        kind="tokens",
-        num_classes=None,
-        in_channels=None,
-        image_size=None,
-        vocab_size=vocab,
-        seq_len=seq_len,
-        train_size=1,
-        eval_size=0,
-    )
+    return DataInfo.tokens(vocab, seq_len, train_size=1, eval_size=0)
 
 
 ALL_PRESETS = [(f, p) for f in models.FAMILIES for p in models.presets(f)]

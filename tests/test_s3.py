@@ -17,7 +17,7 @@ from core.spec import load_spec
 from tests.conftest import ROOT, run_cli
 from workers.checkpoint_files import MANIFEST_FILE, damage_reason, incomplete_reason
 from workers.context import LocalContext
-from workers.trainer import train
+from workers.run import train
 
 SPEC = ROOT / "jobs/convnet.yaml"  # the convnet on 8x8 digits
 ONE_PROCESS = ["resources.num_workers=1", "parallel.strategy=none", "train.eval_every=null"]

@@ -14,16 +14,7 @@ from workers.data import DataInfo
 
 
 def tokens_info(seq_len, vocab):
-    return DataInfo(
-        kind="tokens",
-        num_classes=None,
-        in_channels=None,
-        image_size=None,
-        vocab_size=vocab,
-        seq_len=seq_len,
-        train_size=1,
-        eval_size=0,
-    )
+    return DataInfo.tokens(vocab, seq_len, train_size=1, eval_size=0)
 
 
 def test_gpt2_small_flops_match_the_6n_plus_attention_formula():
@@ -39,16 +30,7 @@ def test_gpt2_small_flops_match_the_6n_plus_attention_formula():
 def test_vit_b16_flops_match_the_published_figure():
     # timm: 17.58 GMACs forward at 224px; training is ~3x the forward (the patch embedding
     # needs no input gradient, so slightly less)
-    info = DataInfo(
-        kind="image",
-        num_classes=1000,
-        in_channels=3,
-        image_size=224,
-        vocab_size=None,
-        seq_len=None,
-        train_size=1,
-        eval_size=0,
-    )
+    info = DataInfo.images(1000, 3, 224, train_size=1, eval_size=0)
     model = SimpleNamespace(family="vit", preset="vit_b16", overrides={})
     flops = throughput.train_flops_per_sample(model, info)
     assert flops == pytest.approx(3 * 2 * 17.58e9, rel=0.01)
@@ -106,7 +88,7 @@ def test_the_trainer_reports_steady_state_throughput(tmp_path):
     from core.spec import load_spec
     from tests.dist_suite import GPT, GPT_JOB
     from workers.context import LocalContext
-    from workers.trainer import train
+    from workers.run import train
 
     spec = load_spec(
         GPT_JOB,

@@ -9,7 +9,7 @@ from core.metrics_log import read_metrics
 from core.spec import load_spec
 from tests.conftest import ROOT, run_cli
 from workers.context import LocalContext
-from workers.trainer import train
+from workers.run import train
 
 
 def losses(run_dir) -> dict[int, float]:

@@ -6,8 +6,8 @@ end), pruning to `checkpoint.keep` once a save is durable (complete in storage; 
 rule in every launcher: `checkpoint_files.prune`), resuming, and the accounting: the time
 training waits for saves, how many it made, the newest checkpoint and its step, and the newest
 save's blocked time, time until durable and size, which join the next metrics record. What it
-saves (model, optimizer, schedule, grad scaler, `TrainState`) it reads from the trainer at
-save time.
+saves (model, optimizer, schedule, grad scaler, `TrainState`) the trainer hands it when it is
+made; resuming loads into those same objects (the `TrainState` in place).
 """
 
 from __future__ import annotations
@@ -15,36 +15,22 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
+import torch
 
 from core import records, storage
 from core.spec import JobSpec
 from workers import checkpoint, checkpoint_files
 from workers.context import RunContext
-
-if TYPE_CHECKING:
-    from workers.trainer import Trainer
+from workers.train_state import TrainState
 
 log = logging.getLogger("workers")
-
-
-@dataclass
-class TrainState:
-    """What the loop carries from step to step and a checkpoint keeps."""
-
-    step: int = 0
-    best_eval_loss: float = math.inf
-    evals_without_improvement: int = 0
-    history: list[dict] = field(default_factory=list)
 
 
 def _size(uri: str) -> int | None:
@@ -58,8 +44,19 @@ def _size(uri: str) -> int | None:
 
 
 class Checkpointer:
-    def __init__(self, spec: JobSpec, ctx: RunContext, trainer: Trainer):
-        self.spec, self.ctx, self.trainer = spec, ctx, trainer
+    def __init__(
+        self,
+        spec: JobSpec,
+        ctx: RunContext,
+        state: TrainState,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        scaler: torch.amp.GradScaler,
+    ):
+        self.spec, self.ctx, self.state = spec, ctx, state
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.pending: checkpoint.PendingSave | None = None  # an async save being written
         self._pending_started = 0.0  # when it began (perf_counter)
         self.blocked_s, self.saves = 0.0, 0  # time training waited for saves; saves made
@@ -110,25 +107,25 @@ class Checkpointer:
 
     def save_final(self) -> None:
         """The run's last step (or the step a stopped run resumes from), unless just saved."""
-        if self.last_saved_step != self.trainer.state.step:
+        if self.last_saved_step != self.state.step:
             self.save()
             self.publish_pending()
 
     def _trainer_state(self) -> dict:
-        trainer, state = self.trainer, self.trainer.state
+        state = self.state
         return {
             "step": state.step,
             "seed": self.spec.train.seed,
             "world_size": self.ctx.world_size,
-            "scheduler": trainer.scheduler.state_dict(),
-            "scaler": trainer.precision.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
             "best_eval_loss": state.best_eval_loss,
             "evals_without_improvement": state.evals_without_improvement,
             "model": json.dumps(self.spec.model.model_dump(mode="json")),  # for `orchestrator export`
         }
 
     def _save(self, started: float) -> None:
-        trainer, state = self.trainer, self.trainer.state
+        state = self.state
         trainer_state = self._trainer_state()
         last = state.history[-1] if state.history else {}
         if self.spec.checkpoint.async_save:
@@ -137,8 +134,8 @@ class Checkpointer:
             self.pending = checkpoint.save_async(
                 self._staging_dir(state.step),
                 state.step,
-                trainer.model,
-                trainer.optimizer,
+                self.model,
+                self.optimizer,
                 trainer_state,
                 state.history,
                 self.ctx.rank,
@@ -148,7 +145,7 @@ class Checkpointer:
 
         def write(directory: str) -> None:
             checkpoint.save(
-                directory, trainer.model, trainer.optimizer, trainer_state, state.history, self.ctx.rank
+                directory, self.model, self.optimizer, trainer_state, state.history, self.ctx.rank
             )
 
         step = state.step
@@ -208,23 +205,22 @@ class Checkpointer:
     # -- resuming ------------------------------------------------------------------------
 
     def resume(self) -> None:
-        """Load the checkpoint the context names into the trainer; without one, start afresh."""
+        """Load the checkpoint the context names into the model, optimizer, schedule, grad
+        scaler and `TrainState` (in place); without one, start afresh."""
         directory = self.ctx.resume_from()
         if directory is None:
             self.ctx.restore_metrics([])
             return
-        trainer = self.trainer
         trainer_state, history = checkpoint.load(
-            directory, trainer.model, trainer.optimizer, self.ctx.rank, self.ctx.world_size
+            directory, self.model, self.optimizer, self.ctx.rank, self.ctx.world_size
         )
-        trainer.scheduler.load_state_dict(trainer_state["scheduler"])
-        trainer.precision.scaler.load_state_dict(trainer_state["scaler"])
-        trainer.state = TrainState(
-            step=trainer_state["step"],
-            best_eval_loss=trainer_state["best_eval_loss"],
-            evals_without_improvement=trainer_state["evals_without_improvement"],
-            history=history,
-        )
+        self.scheduler.load_state_dict(trainer_state["scheduler"])
+        self.scaler.load_state_dict(trainer_state["scaler"])
+        state = self.state
+        state.step = trainer_state["step"]
+        state.best_eval_loss = trainer_state["best_eval_loss"]
+        state.evals_without_improvement = trainer_state["evals_without_improvement"]
+        state.history = history
         self.ctx.restore_metrics(history)
         if self.ctx.is_main:
-            log.info("resumed from %s at step %d", directory, trainer.state.step)
+            log.info("resumed from %s at step %d", directory, state.step)

@@ -3,14 +3,15 @@
 It owns the cadence (`train.eval_every`; the last step's evaluation is the final one, made
 after the loop), the loss and accuracy (and perplexity for a language model) over the eval
 split summed over the ranks, early stopping (`train.early_stopping`, on the best eval loss
-kept in the `TrainState`), and logging the eval records.
+kept in the `TrainState`), and logging the eval records. The trainer hands it the parts it
+evaluates with: the model, the datasets, the loss and the precision's autocast.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -18,10 +19,11 @@ import torch.distributed as dist
 from core import records
 from core.spec import JobSpec
 from workers.context import RunContext
+from workers.data import Datasets
 from workers.loader import eval_batches
-
-if TYPE_CHECKING:
-    from workers.trainer import Trainer
+from workers.loss import Loss
+from workers.precision import Precision
+from workers.train_state import TrainState
 
 
 def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
@@ -32,27 +34,44 @@ def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
 
 
 class Evaluator:
-    def __init__(self, spec: JobSpec, ctx: RunContext, trainer: Trainer):
-        self.spec, self.ctx, self.trainer = spec, ctx, trainer
+    def __init__(
+        self,
+        spec: JobSpec,
+        ctx: RunContext,
+        state: TrainState,
+        *,
+        datasets: Datasets,
+        model: torch.nn.Module,
+        loss: Loss,
+        precision: Precision,
+        micro_batch: int,
+        total_steps: int,
+        message: Callable[[str], None],
+    ):
+        """`micro_batch`: the eval batch size when the spec names none; `message`: shows a
+        line to whoever watches the run (the progress reporter's)."""
+        self.spec, self.ctx, self.state = spec, ctx, state
+        self.datasets, self.model, self.loss, self.precision = datasets, model, loss, precision
+        self.micro_batch, self.total_steps, self.message = micro_batch, total_steps, message
         self.last: dict = {}  # the newest evaluation's metrics
 
     def should_evaluate(self, step: int) -> bool:
         every = self.spec.train.eval_every
-        return bool(every) and step % every == 0 and step < self.trainer.total_steps
+        return bool(every) and step % every == 0 and step < self.total_steps
 
     @torch.no_grad()
     def evaluate(self) -> dict:
         """{eval_loss, eval_accuracy[, eval_perplexity]} over the eval split; {} without one."""
-        trainer, spec = self.trainer, self.spec
-        datasets, device = trainer.datasets, trainer.device
+        spec, model = self.spec, self.model
+        datasets, device = self.datasets, self.ctx.device
         if datasets.eval is None:
             return {}
-        trainer.model.eval()
+        model.eval()
         loader = eval_batches(
             datasets.eval,
             self.ctx.rank,
             self.ctx.world_size,
-            spec.data.eval_batch_size or trainer.layout.micro_batch,
+            spec.data.eval_batch_size or self.micro_batch,
             spec.data.loader_workers,
             sharded=datasets.sharded,
         )
@@ -61,17 +80,17 @@ class Evaluator:
             if spec.train.eval_batches and i >= spec.train.eval_batches:
                 break
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            with trainer.precision.autocast():
-                logits = trainer.model(x)
+            with self.precision.autocast():
+                logits = model(x)
             n = y.numel()
-            loss_sum += trainer.loss(logits, y, 0.0).item() * n
+            loss_sum += self.loss(logits, y, 0.0).item() * n
             correct += (logits.argmax(-1) == y).sum().item()
             count += n
-        trainer.model.train()
+        model.train()
         loss_sum, correct, count = _all_reduce_sum([loss_sum, correct, count], device)
         loss = loss_sum / max(count, 1)
         result = {"eval_loss": loss, "eval_accuracy": correct / max(count, 1)}
-        if trainer.is_lm:
+        if datasets.info.kind == "tokens":  # a language model
             result["eval_perplexity"] = math.exp(min(loss, 50.0))
         return result
 
@@ -82,7 +101,7 @@ class Evaluator:
             return False
         self._log(metrics)
         self.last = metrics
-        early, state = self.spec.train.early_stopping, self.trainer.state
+        early, state = self.spec.train.early_stopping, self.state
         if early is None:
             return False
         if metrics["eval_loss"] < state.best_eval_loss - early.min_delta:
@@ -105,9 +124,9 @@ class Evaluator:
         return metrics
 
     def _log(self, metrics: dict) -> None:
-        step = self.trainer.state.step
+        step = self.state.step
         record = {records.STEP: step, **metrics, records.TIME: time.time()}
-        self.trainer.state.history.append(record)
+        self.state.history.append(record)
         if self.ctx.is_main:
             self.ctx.log_metrics(record)
-        self.trainer.metrics.progress.message(f"eval at step {step}: {records.format_eval(metrics)}")
+        self.message(f"eval at step {step}: {records.format_eval(metrics)}")

@@ -11,7 +11,8 @@ file there reads its faults from it, one `key=value` a line:
                            `<job name>.slow-node` beside this one) is slow for good, and whichever
                            rank runs there, in any attempt, sleeps 0.05 s in every step's compute
 
-Nothing in the product sets the variable, and the spec has no setting for it.
+Nothing in the product sets the variable, and the spec has no setting for it. The run's entry
+point (`workers.run.train`) attaches them with `attach_from_env`, from outside the loop.
 """
 
 from __future__ import annotations
@@ -50,8 +51,10 @@ def _wait_for_data_that_never_comes() -> None:
         time.sleep(1.0)
 
 
-def apply(trainer, job_name: str) -> None:
-    """Inject the faults the tests set for this job into `trainer` (nothing without them)."""
+def attach_from_env(trainer) -> None:
+    """Inject the faults the tests set for `trainer`'s job into it, before it runs: its data
+    source wrapped to block, a slow rank's model made slow (nothing without them)."""
+    job_name = trainer.spec.name
     faults = faults_for(job_name)
     if not faults:
         return

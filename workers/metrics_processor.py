@@ -6,7 +6,9 @@ says no), rank 0's record of a logged step and the other ranks' records of thems
 `ctx.rank_metrics_every_s`), the samples/s between logged steps, the throughput meter, the
 non-blocking step sums (`workers.step_sums`) with the non-finite check and rank 0's stop
 request folded into them, the history and `ctx.log_metrics` for finished records, and the
-progress reporter.
+progress reporter. The trainer hands it what its records read: the `TrainState`, the data's
+description, the step timer, the schedule (for the learning rate) and the checkpointer's newest
+save fields; each step's loss and gradient norm come with `step_done`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,11 +24,10 @@ from core import records
 from core.spec import JobSpec
 from workers import throughput
 from workers.context import RunContext
+from workers.data import DataInfo
 from workers.progress import ProgressReporter
 from workers.step_sums import StepSums
-
-if TYPE_CHECKING:
-    from workers.trainer import Trainer
+from workers.train_state import TrainState
 
 log = logging.getLogger("workers")
 
@@ -40,14 +40,30 @@ class TrainingError(RuntimeError):
 
 
 class MetricsProcessor:
-    def __init__(self, spec: JobSpec, ctx: RunContext, trainer: Trainer):
-        self.spec, self.ctx, self.trainer = spec, ctx, trainer
+    def __init__(
+        self,
+        spec: JobSpec,
+        ctx: RunContext,
+        state: TrainState,
+        *,
+        info: DataInfo,
+        total_steps: int,
+        steps_per_epoch: int,
+        timer: throughput.PhaseTimer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        save_fields: Callable[[], dict],
+    ):
+        """`save_fields`: the newest checkpoint save's fields, once (`Checkpointer.take_save_fields`)."""
+        self.spec, self.ctx, self.state, self.info = spec, ctx, state, info
+        self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
+        self.timer, self.scheduler, self.save_fields = timer, scheduler, save_fields
+        self.is_lm = info.kind == "tokens"
         # each may veto logging a step (bench/metrics_overhead.py turns logging off in blocks)
         self.logging_gates: list[Callable[[int], bool]] = []
         self.meter = throughput.Meter(
-            trainer.device,
+            ctx.device,
             spec.data.batch_size,
-            trainer.info.seq_len if trainer.is_lm else 1,
+            info.seq_len if self.is_lm else 1,
             ctx.world_size,
             self._flops_per_sample(),
             spec.precision.dtype,
@@ -57,13 +73,13 @@ class MetricsProcessor:
 
     def _flops_per_sample(self) -> int | None:
         try:
-            return throughput.train_flops_per_sample(self.spec.model, self.trainer.info)
+            return throughput.train_flops_per_sample(self.spec.model, self.info)
         except Exception as err:  # accounting must never stop training
             log.warning("cannot count model FLOPs (%s); throughput without FLOP/s", err)
             return None
 
     def should_log(self, step: int) -> bool:
-        if step == self.trainer.total_steps:
+        if step == self.total_steps:
             return True
         return step % self.spec.metrics.log_every == 0 and all(gate(step) for gate in self.logging_gates)
 
@@ -75,9 +91,9 @@ class MetricsProcessor:
 
     def begin(self) -> None:
         """Before the first step (after any resume)."""
-        ctx, step, device = self.ctx, self.trainer.state.step, self.trainer.device
+        ctx, step, device = self.ctx, self.state.step, self.ctx.device
         self.progress = ProgressReporter(
-            self.spec.name, self.trainer.total_steps, step, enabled=ctx.is_main and ctx.shows_progress
+            self.spec.name, self.total_steps, step, enabled=ctx.is_main and ctx.shows_progress
         )
         if step and ctx.is_main:
             self.progress.message(f"resuming at step {step}")
@@ -87,10 +103,17 @@ class MetricsProcessor:
         self._nonfinite = torch.zeros((), dtype=torch.bool, device=device)
         self.sums = StepSums(device, ctx.world_size, ctx.is_main)
         self._rank_sent = -math.inf  # ranks but 0: when they last sent their own record
-        self.trainer.timer.enabled = ctx.is_main or ctx.rank_metrics_every_s is not None  # else unread
+        self.timer.enabled = ctx.is_main or ctx.rank_metrics_every_s is not None  # else unread
 
-    def step_done(self, step: int, loss: torch.Tensor, settle: bool) -> int:
-        """After each step: log it if due, and sum over the ranks when due. With `settle` (a
+    def message(self, text: str) -> None:
+        """Show a line to whoever watches the run (after `begin`)."""
+        self.progress.message(text)
+
+    def step_done(
+        self, step: int, loss: torch.Tensor, settle: bool, grad_norm: torch.Tensor | None = None
+    ) -> int:
+        """After each step: log it if due (with the step's gradient norm, a tensor, or None
+        without clipping), and sum over the ranks when due. With `settle` (a
         checkpoint or an evaluation follows) wait for the sum. Returns rank 0's stop code as
         every rank learns it (0: go on); raises TrainingError on a non-finite loss."""
         self._nonfinite |= ~torch.isfinite(loss)
@@ -98,10 +121,10 @@ class MetricsProcessor:
         # a sum started one step ago is finished by now: its records are logged here
         stop = self._take_sums()
         if self.should_log(step):
-            self._log(step, loss)
+            self._log(step, loss, grad_norm)
         # before a checkpoint, an evaluation or the end, the log and the checkpoint's history
         # must hold every record so far: sum now and wait for it
-        settle = settle or bool(stop) or step == self.trainer.total_steps
+        settle = settle or bool(stop) or step == self.total_steps
         if settle or self.sums.due(step):
             # rank 0 folds a stop request into a sum made anyway: every rank learns of it at
             # the same step, for no extra communication
@@ -117,14 +140,13 @@ class MetricsProcessor:
 
     # -- records ---------------------------------------------------------------------------
 
-    def _log(self, step: int, loss: torch.Tensor) -> None:
+    def _log(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
         now = time.perf_counter()
         last_time, last_step = self._last_log
         self.rate = (step - last_step) * self.spec.data.batch_size / max(now - last_time, 1e-9)
         self._last_log = (now, step)
         if self.ctx.is_main:
             # the gradient norm stays a tensor until the sum completes: no host sync
-            grad_norm = self.trainer.grad_norm
             on_device = None if grad_norm is None else {records.GRAD_NORM: grad_norm}
             self.sums.add(self._record(step), loss, on_device)
             return
@@ -136,17 +158,16 @@ class MetricsProcessor:
 
     def _record(self, step: int) -> dict:
         """Rank 0's record of a logged step; the loss and gradient norm join it with the sum."""
-        trainer = self.trainer
         record = {
             records.STEP: step,
-            "epoch": step / trainer.batches.steps_per_epoch,
-            records.TOTAL_STEPS: trainer.total_steps,
+            "epoch": step / self.steps_per_epoch,
+            records.TOTAL_STEPS: self.total_steps,
             "rank": 0,
         }
-        record.update(trainer.timer.means())  # the step time split over the interval
-        record.update(throughput.memory_fields(trainer.device))
-        record.update(trainer.checkpointer.take_save_fields())  # the newest save, once
-        record[records.LR] = trainer.scheduler.get_last_lr()[0]
+        record.update(self.timer.means())  # the step time split over the interval
+        record.update(throughput.memory_fields(self.ctx.device))
+        record.update(self.save_fields())  # the newest save, once
+        record[records.LR] = self.scheduler.get_last_lr()[0]
         record[records.SAMPLES_PER_S] = self.rate
         record.update(self.meter.log_fields(self.rate))  # tokens/s, TFLOP/s, MFU
         record[records.TIME] = time.time()
@@ -157,8 +178,8 @@ class MetricsProcessor:
         return {
             records.STEP: step,
             "rank": self.ctx.rank,
-            **self.trainer.timer.means(),
-            **throughput.memory_fields(self.trainer.device),
+            **self.timer.means(),
+            **throughput.memory_fields(self.ctx.device),
             records.TIME: time.time(),
         }
 
@@ -172,7 +193,7 @@ class MetricsProcessor:
         if nonfinite:
             raise TrainingError(f"loss is not finite at or before step {step}")
         for record in completed:  # rank 0's: the other ranks keep none (only rank 0 checkpoints them)
-            self.trainer.state.history.append(record)
+            self.state.history.append(record)
             self.ctx.log_metrics(record)
         if completed:
             last = completed[-1]

@@ -223,7 +223,7 @@ def worth_retrying(err: BaseException) -> bool:
 
 def train_worker(config: dict) -> None:
     """What each Ray Train worker runs."""
-    from workers.trainer import train
+    from workers.run import train
 
     spec, state = config["spec"], config["state"]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")

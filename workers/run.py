@@ -1,7 +1,7 @@
 """Run one worker of a job without Ray: `torchrun --nproc_per_node=N -m workers.run SPEC`.
 
-This is the loop the Ray driver runs too; here it learns its rank from torchrun's
-environment and writes checkpoints straight to `checkpoint.storage`.
+This is the loop the Ray driver runs too (`train`, in every launcher); here it learns its rank
+from torchrun's environment and writes checkpoints straight to `checkpoint.storage`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,19 @@ import sys
 
 from core.spec import JobSpec, SpecError, load_spec
 from core.summary import failed, print_summary, write_summary
+from workers import faults, metrics_ab
 from workers.checks import data_problems, job_problems
-from workers.context import LocalContext
-from workers.trainer import train
+from workers.context import LocalContext, RunContext
+from workers.trainer import Trainer
+
+
+def train(spec: JobSpec, ctx: RunContext) -> dict:
+    """Train one worker of a job in `ctx` (any launcher); returns the run's summary. The hooks
+    of the tests and benches attach here, from outside the loop, when their variable is set."""
+    trainer = Trainer(spec, ctx)
+    faults.attach_from_env(trainer)  # only in the tests of hang and straggler detection
+    metrics_ab.attach_from_env(trainer)  # only under bench/metrics_overhead.py
+    return trainer.run()
 
 
 def run_local(spec: JobSpec, summary_path: str | None = None) -> int:

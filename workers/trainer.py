@@ -1,10 +1,12 @@
 """The per-worker training loop: the same code under a single process, torchrun and Ray Train.
 
-`train(spec, ctx)` builds data, model, optimizer and schedule from the spec, resumes from
-the checkpoint the context names, trains, evaluates, checkpoints, and returns a summary.
+`Trainer(spec, ctx)` builds data, model, optimizer and schedule from the spec; `run()` resumes
+from the checkpoint the context names, trains, evaluates, checkpoints, and returns a summary
+(`workers.run.train` makes one and runs it).
 The trainer owns the model and the optimizer step; its components own the rest, each with
-its own cadence: `Checkpointer` (saves and resuming), `MetricsProcessor` (records, the sums
-over the ranks, stop requests) and `Evaluator` (evaluation, early stopping).
+its own cadence, each handed the parts it needs: `Checkpointer` (saves and resuming),
+`MetricsProcessor` (records, the sums over the ranks, stop requests) and `Evaluator`
+(evaluation, early stopping).
 """
 
 from __future__ import annotations
@@ -15,42 +17,21 @@ from collections.abc import Callable
 
 import torch
 
-import kernels
 from core import records
 from core.spec import JobSpec
-from workers import compile as compile_
-from workers import data, faults, metrics_ab, models, throughput
-from workers.checkpointer import Checkpointer, TrainState
+from workers import data, models, throughput
+from workers.checkpointer import Checkpointer
 from workers.context import RunContext
 from workers.evaluator import Evaluator
 from workers.loader import Layout, TrainBatches
+from workers.loss import Loss
 from workers.metrics_processor import STOP_CODES, MetricsProcessor, TrainingError
 from workers.optim import build_optimizer, build_scheduler, clip_grad_norm_
 from workers.parallel import no_gradient_sync, parallelize
 from workers.precision import Precision
+from workers.train_state import TrainState
 
-__all__ = ["STOP_CODES", "Trainer", "TrainState", "TrainingError", "padded_logits", "train"]
-
-
-def padded_logits(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(the tensor to compute the loss on, the number of classes).
-
-    A model with a padded vocabulary (GPT's `vocab_multiple`) returns its logits as the
-    first `vocab_size` columns of a wider buffer. Taking the loss on that buffer, with
-    `classes`, keeps the slice out of the autograd graph: its backward would zero-fill a
-    buffer-sized gradient and copy into it (~2.5 ms a step for GPT-2 small on an H100)."""
-    base = logits._base
-    if (
-        base is not None
-        and base.dim() == logits.dim()
-        and base.shape[:-1] == logits.shape[:-1]
-        and base.shape[-1] > logits.shape[-1]
-        and base.stride() == logits.stride()
-        and base.storage_offset() == logits.storage_offset()
-        and base.dtype == logits.dtype
-    ):
-        return base, logits.shape[-1]
-    return logits, logits.shape[-1]
+__all__ = ["STOP_CODES", "Trainer", "TrainState", "TrainingError"]
 
 
 class Trainer:
@@ -87,35 +68,57 @@ class Trainer:
         )
         self.total_steps = spec.train.steps or spec.train.epochs * self.batches.steps_per_epoch
         self.optimizer = build_optimizer(self.model, spec.optimizer)
-        self.builtin_loss = compile_.builtin_loss(spec)
+        self.loss = Loss(spec)
         self.scheduler = build_scheduler(self.optimizer, spec.scheduler, self.total_steps)
         self.precision = Precision(spec.precision, self.device, strategy=spec.parallel.strategy)
         self.timer = throughput.PhaseTimer(self.device)
         self.grad_norm: torch.Tensor | None = None
         self.state = TrainState()
-        # extension points (bench/metrics_overhead.py's A/B blocks): called with each step's
-        # number after it; extra summary entries, computed at the end
+        # extension points (bench/metrics_overhead.py's A/B blocks, attached from outside by
+        # `metrics_ab.attach_from_env`): called with each step's number after it; extra
+        # summary entries, computed at the end
         self.step_hooks: list[Callable[[int], None]] = []
         self.summary_extras: dict[str, Callable[[], object]] = {}
-        self.checkpointer = Checkpointer(spec, ctx, self)
-        self.metrics = MetricsProcessor(spec, ctx, self)
-        self.evaluator = Evaluator(spec, ctx, self)
+        self._build_components()
         self.collective_wait = throughput.CollectiveWait(self.model, self.timer)
-        faults.apply(self, spec.name)  # only in the tests of hang and straggler detection
+
+    def _build_components(self) -> None:
+        """The checkpointer, the metrics processor and the evaluator, each handed its parts."""
+        spec, ctx, state = self.spec, self.ctx, self.state
+        self.checkpointer = Checkpointer(
+            spec,
+            ctx,
+            state,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.precision.scaler,
+        )
+        self.metrics = MetricsProcessor(
+            spec,
+            ctx,
+            state,
+            info=self.info,
+            total_steps=self.total_steps,
+            steps_per_epoch=self.batches.steps_per_epoch,
+            timer=self.timer,
+            scheduler=self.scheduler,
+            save_fields=self.checkpointer.take_save_fields,
+        )
+        self.evaluator = Evaluator(
+            spec,
+            ctx,
+            state,
+            datasets=self.datasets,
+            model=self.model,
+            loss=self.loss,
+            precision=self.precision,
+            micro_batch=self.layout.micro_batch,
+            total_steps=self.total_steps,
+            message=self.metrics.message,
+        )
 
     # -- the step --------------------------------------------------------------------
-
-    def loss(self, logits: torch.Tensor, target: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-        """Mean cross-entropy in fp32, from logits of any precision (never copied to fp32 first)."""
-        logits, classes = padded_logits(logits)
-        logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
-        impl = kernels.resolve("cross_entropy", self.spec.kernels.cross_entropy, logits, vocab=classes)
-        if impl == "triton":
-            # the logits are dead after the loss: their memory takes the gradient
-            return kernels.cross_entropy(
-                logits, target, label_smoothing, impl="triton", inplace_backward=True, classes=classes
-            )
-        return self.builtin_loss(logits, target, label_smoothing, classes=classes)
 
     def step(self, micro_batches: list) -> torch.Tensor:
         """One optimizer step over the micro-batches; returns this rank's mean loss (a tensor)."""
@@ -163,7 +166,9 @@ class Trainer:
                 for hook in self.step_hooks:  # e.g. bench/metrics_overhead.py's step timing
                     hook(step)
                 save_now, eval_now = self.checkpointer.should_save(step), self.evaluator.should_evaluate(step)
-                stop = self.metrics.step_done(step, loss, settle=save_now or eval_now)
+                stop = self.metrics.step_done(
+                    step, loss, settle=save_now or eval_now, grad_norm=self.grad_norm
+                )
                 if stop and step < self.total_steps:  # at the last step: just finish
                     status = "preempted" if stop == STOP_CODES["preempt"] else "stopped"
                     reason = f"{status} at step {step}"
@@ -226,9 +231,3 @@ class Trainer:
         }
         summary.update({key: extra() for key, extra in self.summary_extras.items()})
         return summary
-
-
-def train(spec: JobSpec, ctx: RunContext) -> dict:
-    trainer = Trainer(spec, ctx)
-    metrics_ab.attach_from_env(trainer)  # only under bench/metrics_overhead.py
-    return trainer.run()

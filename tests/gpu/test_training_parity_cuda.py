@@ -16,7 +16,7 @@ import torch
 from core.metrics_log import read_metrics
 from core.spec import validate
 from workers.context import LocalContext
-from workers.trainer import train
+from workers.run import train
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

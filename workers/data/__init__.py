@@ -38,6 +38,25 @@ class DataInfo:
     train_size: int
     eval_size: int
 
+    @classmethod
+    def images(
+        cls, num_classes: int, in_channels: int, image_size: int, train_size: int, eval_size: int
+    ) -> DataInfo:
+        """Square images of `in_channels` channels, each labelled one of `num_classes`."""
+        return cls("image", num_classes, in_channels, image_size, None, None, train_size, eval_size)
+
+    @classmethod
+    def tokens(cls, vocab_size: int, seq_len: int, train_size: int, eval_size: int) -> DataInfo:
+        """Windows of `seq_len` tokens from a vocabulary of `vocab_size`."""
+        return cls("tokens", None, None, None, vocab_size, seq_len, train_size, eval_size)
+
+    @classmethod
+    def declared(cls, spec: Any, train_size: int, eval_size: int) -> DataInfo:
+        """The shape a data spec declares itself (`kind` and its fields: synthetic, parquet)."""
+        if spec.kind == "tokens":
+            return cls.tokens(spec.vocab_size, spec.seq_len, train_size, eval_size)
+        return cls.images(spec.num_classes, spec.in_channels, spec.image_size, train_size, eval_size)
+
 
 @dataclass
 class Datasets:

@@ -13,16 +13,7 @@ _MEAN, _STD = 0.3053, 0.3760
 
 def describe(spec: Any) -> DataInfo:
     n_eval = eval_count(NUM_IMAGES, spec.eval_split)
-    return DataInfo(
-        kind="image",
-        num_classes=10,
-        in_channels=1,
-        image_size=8,
-        vocab_size=None,
-        seq_len=None,
-        train_size=NUM_IMAGES - n_eval,
-        eval_size=n_eval,
-    )
+    return DataInfo.images(10, 1, 8, NUM_IMAGES - n_eval, n_eval)
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:

@@ -112,16 +112,7 @@ def _locate(spec: Any) -> Path:
 
 
 def describe(spec: Any) -> DataInfo:
-    return DataInfo(
-        kind="image",
-        num_classes=10,
-        in_channels=1,
-        image_size=28,
-        vocab_size=None,
-        seq_len=None,
-        train_size=TRAIN_SIZE,
-        eval_size=TEST_SIZE,
-    )
+    return DataInfo.images(10, 1, 28, TRAIN_SIZE, TEST_SIZE)
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:

@@ -56,26 +56,7 @@ def describe(spec: Any) -> DataInfo:
     """Sizes summed over ranks as one rank (world_size 1) would split them; reads only metadata."""
     rows = sum(f.count_rows() for f in _fragments(_open(spec.path)))
     n_eval = eval_count(rows, spec.eval_split)
-    sizes = dict(train_size=rows - n_eval, eval_size=n_eval)
-    if spec.kind == "tokens":
-        return DataInfo(
-            kind="tokens",
-            num_classes=None,
-            in_channels=None,
-            image_size=None,
-            vocab_size=spec.vocab_size,
-            seq_len=spec.seq_len,
-            **sizes,
-        )
-    return DataInfo(
-        kind="image",
-        num_classes=spec.num_classes,
-        in_channels=spec.in_channels,
-        image_size=spec.image_size,
-        vocab_size=None,
-        seq_len=None,
-        **sizes,
-    )
+    return DataInfo.declared(spec, rows - n_eval, n_eval)
 
 
 def _images(column: pa.ChunkedArray, name: str, spec: Any) -> torch.Tensor:

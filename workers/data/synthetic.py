@@ -16,26 +16,7 @@ from . import DataInfo, Datasets, eval_count
 
 def describe(spec: Any) -> DataInfo:
     n_eval = eval_count(spec.num_samples, spec.eval_split)
-    sizes = dict(train_size=spec.num_samples - n_eval, eval_size=n_eval)
-    if spec.kind == "tokens":
-        return DataInfo(
-            kind="tokens",
-            num_classes=None,
-            in_channels=None,
-            image_size=None,
-            vocab_size=spec.vocab_size,
-            seq_len=spec.seq_len,
-            **sizes,
-        )
-    return DataInfo(
-        kind="image",
-        num_classes=spec.num_classes,
-        in_channels=spec.in_channels,
-        image_size=spec.image_size,
-        vocab_size=None,
-        seq_len=None,
-        **sizes,
-    )
+    return DataInfo.declared(spec, spec.num_samples - n_eval, n_eval)
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:

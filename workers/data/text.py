@@ -59,16 +59,7 @@ def _split_sizes(n_bytes: int, spec: Any) -> tuple[int, int, int]:
 def describe(spec: Any) -> DataInfo:
     _, n_bytes = corpus_files(spec)
     _, n_train, n_eval = _split_sizes(n_bytes, spec)
-    return DataInfo(
-        kind="tokens",
-        num_classes=None,
-        in_channels=None,
-        image_size=None,
-        vocab_size=VOCAB_SIZE,
-        seq_len=spec.seq_len,
-        train_size=n_train,
-        eval_size=n_eval,
-    )
+    return DataInfo.tokens(VOCAB_SIZE, spec.seq_len, n_train, n_eval)
 
 
 def load(spec: Any, seed: int = 0, rank: int = 0, world_size: int = 1) -> Datasets:
