@@ -53,7 +53,7 @@ def format_errors(err: ValidationError, raw: Any, prefix: tuple = (), root: Any 
         elif kind == "literal_error":
             allowed = e.get("ctx", {}).get("expected", "")
             lines.append(
-                f"{path}: {short(got)} is not allowed; expected {allowed}{_close_literal(got, allowed)}"
+                f"{path}: {short(got)} is not allowed; expected {allowed}{close_literal(got, allowed)}"
             )
         elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") or (
             kind == "float_type" and type(got) is int
@@ -180,7 +180,7 @@ def did_you_mean_in(model: Any, word: str) -> str:
     return f"; allowed: {', '.join(sorted(names))}"
 
 
-def _close_literal(got: Any, allowed: str) -> str:
+def close_literal(got: Any, allowed: str) -> str:
     options = [o.strip().strip("'") for o in allowed.replace(" or ", ", ").split(",")]
     close = difflib.get_close_matches(short(got, quote=False), options, n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""

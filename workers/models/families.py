@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import copy
 import difflib
-import math
-import types
+import functools
 import typing
-from typing import Any, Literal, Union
+from typing import Annotated, Any
 
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from core.spec.errors import close_literal, did_you_mean_in
 from core.spec.schema import KERNEL_IMPLS, KERNEL_OPS
 
 from .configs import convnet, gpt, resnet, vit
@@ -55,20 +57,7 @@ def check(family: str, preset: str, overrides: dict | None, data_info: Any = Non
         overrides = {}
     if not isinstance(overrides, dict):
         return problems + [("overrides", f"expected a mapping of field: value, got {overrides!r}")]
-    hints = typing.get_type_hints(module.Config)
-    for key, value in overrides.items():
-        path = f"overrides.{key}"
-        if key == "kernels" and key not in hints:
-            problems.append((path, f"the {family} family has no ops with fused kernels; {_KERNELS_HINT}"))
-            continue
-        if key not in hints:
-            close = difflib.get_close_matches(str(key), list(hints), n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(hints)}"
-            problems.append((path, f"unknown field; {hint}"))
-            continue
-        message = _type_problem(value, hints[key]) or _range_problem(key, value, hints[key])
-        if message:
-            problems.append((path, message))
+    problems += [(f"overrides.{k}", m) for k, m in _invalid(overrides, _HINTS[family], family)]
     if data_info is not None:
         wants = "tokens" if family == "gpt" else "image"
         if getattr(data_info, "kind", wants) != wants:
@@ -93,91 +82,78 @@ def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f"{mean} choose from: {', '.join(choices)}"
 
 
-_KERNELS_HINT = "the job's kernels section (e.g. kernels.cross_entropy) still picks the loss kernel"
-_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+def _check_kernels(kernels: dict[str, str]) -> dict[str, str]:
+    for op, impl in kernels.items():
+        if op not in KERNEL_OPS:
+            raise ValueError(f"unknown kernel op {op!r}{_suggest(op, KERNEL_OPS)}")
+        if impl not in KERNEL_IMPLS:
+            raise ValueError(f"{op}: unknown impl {impl!r}; choose from: {', '.join(KERNEL_IMPLS)}")
+    return kernels
+
+
+# Generic bounds: every int in these configs is a size or count, every float a finite ratio
+# (dropout: a probability); the pydantic type of each annotation, and how a message names it
 MAX_INT = 2**20  # no size or count in these configs comes near it (GPT-2's vocabulary: 50,257)
 MAX_FLOAT = 1000.0  # ratios and probabilities
+_SIZE = Annotated[int, Field(ge=1, le=MAX_INT)]
+_TYPES: dict[Any, Any] = {
+    int: _SIZE,
+    float: Annotated[float, Field(gt=0, le=MAX_FLOAT, allow_inf_nan=False)],
+    ("dropout", float): Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)],
+    list[int]: Annotated[list[_SIZE], Field(min_length=1)],
+    dict[str, str]: Annotated[dict[str, str], AfterValidator(_check_kernels)],
+}
+_NAMES = {int: "an integer", float: "a number", bool: "true or false", bool | None: "true or false or null"}
+_NAMES |= {list[int]: "a list of integers", dict[str, str]: "a mapping of names to strings"}
+_KERNELS_HINT = "the job's kernels section (e.g. kernels.cross_entropy) still picks the loss kernel"
+_HINTS = {family: typing.get_type_hints(module.Config) for family, module in _CONFIGS.items()}
 
 
-def _type_problem(value: Any, tp: Any) -> str | None:
-    """None if `value` fits the annotation `tp`, else 'expected ..., got ...'."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [a for a in args if a is not type(None)]
-        if any(_type_problem(value, a) is None for a in options):
-            return None
-        return f"expected {' or '.join(_describe(a) for a in options)} or null, got {value!r}"
-    if origin is Literal:
-        if value in args and isinstance(value, str) == isinstance(args[0], str):
-            return None
-        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1, cutoff=0.6)
-        mean = f"; did you mean {close[0]!r}?" if close else ""
-        return f"expected one of {', '.join(repr(a) for a in args)}, got {value!r}{mean}"
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            return f"expected {_describe(tp)}, got {value!r}"
-        for i, item in enumerate(value):
-            if _type_problem(item, args[0]):
-                return f"item {i}: expected {_describe(args[0])}, got {item!r}"
-        return None
-    if origin is dict:
-        if not isinstance(value, dict) or any(
-            _type_problem(k, args[0]) or _type_problem(v, args[1]) for k, v in value.items()
-        ):
-            return f"expected {_describe(tp)}, got {value!r}"
-        return None
-    ok = {
-        bool: lambda v: isinstance(v, bool),
-        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        str: lambda v: isinstance(v, str),
-    }[tp](value)
-    return None if ok else f"expected {_describe(tp)}, got {value!r}"
+@functools.cache
+def _schema(fields: tuple[tuple[str, Any], ...]) -> type[BaseModel]:
+    """A strict pydantic model of config fields, bounded as above."""
+    types = {name: (_TYPES.get((name, tp), _TYPES.get(tp, tp)), None) for name, tp in fields}
+    return create_model("Overrides", __config__=ConfigDict(extra="forbid", strict=True), **types)
 
 
-def _describe(tp: Any) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is list:
-        return f"a list of {_describe(args[0]).split(' ', 1)[1]}s"
-    if origin is dict:
-        return "a mapping of names to strings"
-    return _NAMES.get(tp, str(tp))
+def _invalid(values: dict, hints: dict[str, Any], family: str) -> Problems:
+    """(field, message) for each field of `values` that `hints` (a Config's) refuses."""
+    model = _schema(tuple(hints.items()))
+    try:
+        model.model_validate(values)
+        return []
+    except ValidationError as err:
+        first = {e["loc"][0]: e for e in reversed(err.errors(include_url=False))}  # one per field
+    return [
+        (str(k), _message(first[k], model, hints.get(k), values[k], family)) for k in values if k in first
+    ]
 
 
-def _range_problem(key: str, value: Any, tp: Any) -> str | None:
-    """Generic bounds: every int in these configs is a size or count (1 to MAX_INT), every float
-    a finite ratio (dropout: a probability)."""
-    if key == "kernels":
-        for op, impl in value.items():
-            if op not in KERNEL_OPS:
-                return f"unknown kernel op {op!r}{_suggest(op, KERNEL_OPS)}"
-            if impl not in KERNEL_IMPLS:
-                return f"{op}: unknown impl {impl!r}; choose from: {', '.join(KERNEL_IMPLS)}"
-        return None
-    if isinstance(value, bool) or value is None:
-        return None
-    if tp is float:
-        try:
-            value = float(value)  # YAML's 0 for a float field is 0.0
-        except OverflowError:
-            return f"must be > 0 and <= {MAX_FLOAT:g}, got {_short(value)}"
-    if isinstance(value, int) and not 1 <= value <= MAX_INT:
-        return f"must be 1 to {MAX_INT}, got {_short(value)}"
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return "must not be empty"
-        bad = [v for v in value if not 1 <= v <= MAX_INT]
-        return f"every item must be 1 to {MAX_INT}, got {_short(bad[0])}" if bad else None
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return f"must be a finite number, got {value}"
-        if key == "dropout" and not 0.0 <= value < 1.0:
-            return f"must be in [0, 1), got {value}"
-        if key != "dropout" and not 0.0 < value <= MAX_FLOAT:
-            return f"must be > 0 and <= {MAX_FLOAT:g}, got {value}"
-    return None
+def _message(e: Any, model: type[BaseModel], tp: Any, value: Any, family: str) -> str:
+    """One pydantic error about the field `e["loc"][0]`, annotated `tp` in the Config."""
+    kind, loc = e["type"], e["loc"]
+    if kind in ("extra_forbidden", "invalid_key"):
+        if loc[0] == "kernels":
+            return f"the {family} family has no ops with fused kernels; {_KERNELS_HINT}"
+        return "unknown field" + did_you_mean_in(model, str(loc[0]))
+    each = isinstance(value, list) and len(loc) > 1  # an item of a list
+    got = value[loc[1]] if each else value
+    if kind.startswith(("greater_than", "less_than")) or (kind == "float_type" and type(got) is int):
+        allowed = f"> 0 and <= {MAX_FLOAT:g}" if tp is float else f"1 to {MAX_INT}"
+        allowed = "in [0, 1)" if loc[0] == "dropout" else allowed
+        return f"{'every item ' if each else ''}must be {allowed}, got {_short(got)}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {got}"
+    if kind == "too_short":
+        return "must not be empty"
+    if kind == "value_error":  # of _check_kernels
+        return e["msg"].removeprefix("Value error, ")
+    if each:
+        return f"item {loc[1]}: expected {_NAMES[int]}, got {got!r}"
+    if kind == "literal_error":
+        choices = ", ".join(repr(a) for a in typing.get_args(tp))
+        return f"expected one of {choices}, got {got!r}{close_literal(got, e['ctx']['expected'])}"
+    return f"expected {_NAMES[tp]}, got {got!r}"
 
 
 def _short(value: Any, limit: int = 40) -> str:
@@ -201,8 +177,7 @@ def make_config(
     """Preset defaults, then the data's input shape, then user overrides, then kernels."""
     problems = check(family, preset, overrides, data_info)
     if kernels:
-        message = _type_problem(kernels, dict[str, str]) or _range_problem("kernels", kernels, dict)
-        problems += [("kernels", message)] if message else []
+        problems += _invalid({"kernels": kernels}, {"kernels": dict[str, str]}, family)
     if problems:
         raise ValueError("invalid model spec: " + "; ".join(f"model.{p}: {m}" for p, m in problems))
     cfg = _assemble(family, preset, overrides or {}, data_info)
@@ -216,11 +191,9 @@ def _assemble(family: str, preset: str, overrides: dict, data_info: Any):
     values = copy.deepcopy(module.PRESETS.get(preset, {}))
     if data_info is not None:
         values.update(_from_data(family, data_info, {**values, **overrides}))
-    values.update(copy.deepcopy(overrides))
-    hints = typing.get_type_hints(module.Config)
-    for key, tp in hints.items():  # YAML gives 1 for 1.0; keep configs typed
-        if tp is float and isinstance(values.get(key), int):
-            values[key] = float(values[key])
+    # validated anew: a copy, with YAML's 1 for 1.0 made a float
+    model = _schema(tuple(_HINTS[family].items()))
+    values.update(model.model_validate(overrides).model_dump(exclude_unset=True))
     return module.Config(**values)
 
 
