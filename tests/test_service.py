@@ -183,6 +183,9 @@ def test_ray_job_submit_goes_through_the_queue(service):
     assert logs.returncode == 0 and f"==> {submission} (the driver it came in by" in logs.stdout, logs.stderr
     assert f"queued as {job_id}" in logs.stdout
     assert f"Ray Job:    {submission} (attempt 1)\n" in service.cli("status", job_id).stdout
+    # the id `ray job submit` printed names the same job: one job, whichever id is at hand
+    by_ray_id = service.cli("status", submission)
+    assert by_ray_id.returncode == 0 and by_ray_id.stdout.startswith(f"{job_id}: succeeded\n"), by_ray_id
 
 
 def _kill_service_actor(service) -> None:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from core.spec import validate
-from orchestrator.service.store import LEASE_TTL_S, JobRecord, JobState, LeaseHeld, Store, project_files
+from orchestrator.service.store import LEASE_TTL_S, JobRecord, JobState, LeaseHeld, Store, find, project_files
 
 SPEC = validate(
     {
@@ -120,3 +120,17 @@ def test_a_record_read_while_it_is_rewritten_is_read_again(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError):  # one that never parses is an error, not a hang
         read_json(pafs.LocalFileSystem(), str(path), tries=2)
+
+
+def test_a_job_is_found_by_its_id_or_by_the_ray_job_id_of_any_of_its_drivers(tmp_path):
+    came = record("via-ray-3", came_in_by="raysubmit_abc", submission_id="via-ray-3-a2", attempt=2)
+    other = record("other-1")
+    jobs = {job.id: job for job in (came, other)}
+    assert find(jobs, "via-ray-3") is came
+    assert find(jobs, "raysubmit_abc") is came  # the id `ray job submit` printed
+    assert find(jobs, "via-ray-3-a2") is came  # the driver running now, as Ray's dashboard names it
+    assert find(jobs, "other-1-a1") is other  # an earlier attempt's driver
+    assert find(jobs, "other-1-ax") is None and find(jobs, "raysubmit_zzz") is None
+    # the id the job came in by survives a restart of the service
+    Store(str(tmp_path)).save(came)
+    assert Store(str(tmp_path)).load("via-ray-3").came_in_by == "raysubmit_abc"

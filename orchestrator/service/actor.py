@@ -52,7 +52,7 @@ from orchestrator.service.lifecycle import Lifecycle
 from orchestrator.service.live import LiveMetrics
 from orchestrator.service.progress import fold
 from orchestrator.service.runner import JobRunner
-from orchestrator.service.store import JobRecord, Store
+from orchestrator.service.store import JobRecord, Store, find
 from orchestrator.service.submission import new_job_id, new_record, storage_refusal, unpack
 from orchestrator.service.views import Views
 
@@ -261,7 +261,7 @@ class OrchestratorService:
                 job = self.jobs[options["job_id"]]
                 return self._attach(job, options.get("submission_id"))
             job = self._new_record(spec, options, "driver")
-            job.submission_id = options.get("submission_id")
+            job.submission_id = job.came_in_by = options.get("submission_id")
             if package is not None:
                 job.package = unpack(self.store, job.id, package, spec)
             job.last_seen = time.time()
@@ -434,7 +434,7 @@ class OrchestratorService:
     # -- helpers -------------------------------------------------------------------------------
 
     def _job(self, job_id: str) -> JobRecord:
-        job = self.jobs.get(job_id)
+        job = find(self.jobs, job_id)
         if job is None:
             raise KeyError(f"no job '{job_id}' in the queue; `orchestrator queue --all` lists them")
         return job

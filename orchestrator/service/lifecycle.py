@@ -17,7 +17,7 @@ import time
 from core.jobs import JobState, check_transition
 from core.run_folder import checkpoint_step
 from orchestrator.policy.las import service_rate
-from orchestrator.service.runner import JobRunner, submission_id
+from orchestrator.service.runner import JobRunner
 from orchestrator.service.store import JobRecord, Store
 
 log = logging.getLogger("orchestrator.service")
@@ -303,7 +303,7 @@ class Lifecycle:
         if backoff and job.failed_starts + 1 >= self.config.max_failed_starts:
             reason = (
                 f"its driver failed to run it {job.failed_starts + 1} times in a row; "
-                f"see `orchestrator logs {job.submission_id or submission_id(job.id, job.attempt)}`"
+                f"see `orchestrator logs {job.id}`"
             )
             self.finish(job, JobState.FAILED, now, reason=reason)
             return

@@ -60,6 +60,7 @@ class JobRecord:
     # driver started elsewhere (`ray job submit`, `orchestrator run`) registered itself
     attempt: int = 0  # admissions so far
     submission_id: str | None = None  # the Ray Job running its driver now
+    came_in_by: str | None = None  # the Ray Job that queued it (`ray job submit`), if one did
     placement: dict[str, int] = field(default_factory=dict)  # node id -> workers
     admitted_at: float | None = None
     started_at: float | None = None
@@ -159,6 +160,19 @@ def read_json(fs: pafs.FileSystem, path: str, tries: int = 5) -> Any:
             if attempt == tries - 1:
                 raise
             time.sleep(0.1 * (attempt + 1))
+
+
+def find(jobs: dict[str, JobRecord], job_id: str) -> JobRecord | None:
+    """The job a person names, by its id or by the Ray Job id of one of its drivers: the one
+    it came in by (`ray job submit`), the one running now, or one the service started
+    (`<id>-a<attempt>`, the name Ray's dashboard shows). One job, whichever id was at hand."""
+    if job_id in jobs:
+        return jobs[job_id]
+    for job in jobs.values():
+        if job_id in (job.came_in_by, job.submission_id):
+            return job
+    base, marker, attempt = job_id.rpartition("-a")
+    return jobs.get(base) if marker and attempt.isdigit() else None
 
 
 class Store:
