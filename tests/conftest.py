@@ -208,3 +208,19 @@ def service(tmp_path_factory, s3):
         svc.cli("down", timeout=60)
         stop_ray_head(head)
         os.environ.pop(FAULTS_ENV, None)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Seconds per test file (setup, call and teardown together), slowest first: where the
+    suite's time goes, in a few lines at the end of the output."""
+    spent: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if hasattr(report, "duration") and hasattr(report, "nodeid"):
+                path = report.nodeid.split("::")[0]
+                spent[path] = spent.get(path, 0.0) + report.duration
+    if not spent:
+        return
+    slowest = sorted(spent.items(), key=lambda item: -item[1])[:20]
+    terminalreporter.write_sep("=", f"time per test file (all: {sum(spent.values()):.0f} s)")
+    terminalreporter.write_line("  ".join(f"{path.removeprefix('tests/')} {s:.0f}" for path, s in slowest))
