@@ -117,6 +117,9 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
     assert spent["queued"] >= when(lo, "admitted", 1) - when(lo, "preempted") - 1.0
 
 
+START_UP_STOP_S = 15  # a quarter of the default grace period (scheduling.preemption_grace_s)
+
+
 @pytest.mark.timeout(400)
 def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
     """Before the first step there is nothing to checkpoint: the start is cancelled (Ray Train's
@@ -128,7 +131,9 @@ def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
     job = service.wait(stopped, lambda j: j["state"] == "stopped", timeout=60, what="stopped")
     assert "running" not in events(job)  # it was stopped while it started
     stop_s = when(job, "stopped") - asked
-    assert stop_s < 5, f"a stop during start-up took {stop_s:.1f} s"
+    # a few seconds (one report, then the abort); waiting out the grace period would be 60 s.
+    # The bound leaves room for a loaded 2-core runner (5.4 s seen on CI)
+    assert stop_s < START_UP_STOP_S, f"a stop during start-up took {stop_s:.1f} s"
     assert job["steps_lost"] == 0 and job["step"] == 0
 
     preempted = service.submit(name="preempted-early", steps=20)
@@ -139,7 +144,7 @@ def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
     back = next(e for e in job["history"] if e["event"] == "preempted")
     assert back["acknowledged"] is True and back["steps_lost"] == 0
     preempt_s = back["time"] - asked
-    assert preempt_s < 5, f"a preemption during start-up took {preempt_s:.1f} s"
+    assert preempt_s < START_UP_STOP_S, f"a preemption during start-up took {preempt_s:.1f} s"
     done = service.done(preempted)  # admitted again and run to the end
     assert done["attempt"] == 2 and done["step"] == 20
     print(f"start-up: stop {stop_s:.1f} s, preemption {preempt_s:.1f} s")
