@@ -106,6 +106,8 @@ def run(
         print(f"{tag} restarts: {summary['restarts']} (resumed from checkpoints)", flush=True)
     if summary["status"] == "failed":
         print(f"error: {spec.name}: {summary['reason']}", file=sys.stderr, flush=True)
+    if summary.get("handed_back"):  # the job goes on: the service starts its next attempt's driver
+        return 0
     return EXIT.get(summary["status"], 1)
 
 
@@ -159,6 +161,8 @@ class QueuedJob:
                 service_client.package_if_in_ray_job(),
             )
         self.job_id, self.run_id, self.attempt = view["id"], view["run"], view["attempt"]
+        # a driver the service started runs on the attempt's nodes, for that attempt only
+        self.one_attempt = bool(job_id)
         self.finished_attempt = 0  # the newest attempt this driver ran and reported
         display.event(
             self.name,
@@ -197,6 +201,9 @@ class QueuedJob:
                 summary["job_id"] = self.job_id
                 return summary
             self._say_requeued(after, summary)
+            if self.one_attempt:
+                summary.update(handed_back=True, job_id=self.job_id)
+                return summary
 
     def _attempt(self, admitted: dict) -> dict:
         spec = self.spec.model_copy(deep=True)

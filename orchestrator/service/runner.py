@@ -11,6 +11,11 @@ with the same id, so an attempt can never start twice, whichever service tries. 
 working_dir as a local directory (which it zips and uploads to the cluster) or as the URI of
 a zip file; a package in a store elsewhere (s3://, gs://) is a directory, so it is copied to
 a local directory on the head first and handed over from there.
+
+The driver runs on the job's own node (the one with most of its workers), not on the head: Ray
+Train's controller and its actors follow their driver, so the head pays for none of a job's
+control processes, and a job's control shares its nodes' fate. A driver started here runs
+one attempt: the next admission starts a new one, on the nodes of that admission.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Iterator
 
 from core import storage
 from core.spec import JobSpec
+from orchestrator.ray.launcher import NODE_ID_LABEL
 
 SPEC_IN_PACKAGE = ".orchestrator/job.json"
 
@@ -56,6 +62,19 @@ def local_copy(package_uri: str) -> Iterator[str]:
         yield local
 
 
+def driver_node(placement: dict[str, int]) -> str | None:
+    """The node a job's driver runs on: the one with the most of its workers (rank 0's on a
+    tie, the first in the launcher's order)."""
+    if not placement:
+        return None
+    return max(sorted(placement), key=lambda node: placement[node])
+
+
+def driver_node_selector(placement: dict[str, int]) -> dict[str, str] | None:
+    node = driver_node(placement)
+    return {NODE_ID_LABEL: node} if node else None
+
+
 class JobRunner:
     """The Ray Jobs API of the cluster the service runs on."""
 
@@ -71,8 +90,10 @@ class JobRunner:
             self._client = JobSubmissionClient(self.dashboard)
         return self._client
 
-    def launch(self, job_id: str, attempt: int, package_uri: str, metadata: dict) -> str:
-        """Start the driver of `job_id`'s attempt; returns its submission id."""
+    def launch(
+        self, job_id: str, attempt: int, package_uri: str, metadata: dict, placement: dict[str, int]
+    ) -> str:
+        """Start the driver of `job_id`'s attempt on its `placement`; returns its submission id."""
         sid = submission_id(job_id, attempt)
         entrypoint = shlex.join(["orchestrator", "run", SPEC_IN_PACKAGE, "--job-id", job_id])
         with local_copy(package_uri) as working_dir:
@@ -81,6 +102,7 @@ class JobRunner:
                     entrypoint=entrypoint,
                     submission_id=sid,
                     runtime_env={"working_dir": working_dir},
+                    entrypoint_label_selector=driver_node_selector(placement),
                     metadata={"orchestrator_job": job_id, **{k: str(v) for k, v in metadata.items()}},
                 )
             except Exception as err:
