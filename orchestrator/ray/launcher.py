@@ -12,7 +12,8 @@
     fault_tolerance -> FailureConfig(max_failures): a failed worker group restarts from the
                        newest complete checkpoint
 
-`start()` runs `fit()` in an actor on the driver's node and returns a `RunHandle`: the caller
+`start()` runs `fit()` in the run's state actor (`run_state.RunState`) on the driver's node
+and returns a `RunHandle`: the caller
 reads the run's events, asks it to stop (the workers checkpoint at the step their next sum
 carries the request) or aborts it (the actor and all the run's processes end at once), waits
 for it, and gets its summary. Printing, exit codes and the queue are the caller's business.
@@ -20,7 +21,9 @@ for it, and gets its summary. Printing, exit codes and the queue are the caller'
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 
 import ray
 
@@ -45,6 +48,9 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
 
     from workers.ray_context import train_worker
 
+    # Ray Train's PreemptionWatcher (an actor per run) tells workers of draining nodes; ours do
+    # not ask, and the service acts on a drain itself (checkpoint, then move: docs/cluster.md)
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     res = spec.resources
     use_gpu = res.gpus_per_worker > 0
     scaling = dict(num_workers=res.num_workers, use_gpu=use_gpu, resources_per_worker=resources_for(spec))
@@ -70,31 +76,17 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
     )
 
 
-@ray.remote(num_cpus=0, max_restarts=0)
-class TrainingRun:
-    """Runs one `TorchTrainer.fit()`. Ray Train's controller, its workers and their placement
-    group belong to this actor (fate sharing), so killing it ends the run at once, wherever
-    it is: `RunHandle.abort`, for a stop before the first step or a node lost under the job."""
-
-    def fit(self, spec: JobSpec, run: str, state, placement: dict[str, int] | None) -> dict | None:
-        try:
-            trainer(spec, run, state, placement).fit()
-        except BaseException as err:  # reported in the summary, with the workers' own reason
-            return describe_failure(err)
-        return None
-
-
 class RunHandle:
     def __init__(self, spec: JobSpec, run: str, placement: dict[str, int] | None = None):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.spec, self.run, self.placement = spec, run, placement
-        # the run's state and its Ray Train controller live on the driver's node: losing a
-        # worker node never loses the log, nor the run's control
+        # the run's state actor, which runs fit() (so Ray Train's controller is there too), lives
+        # on the driver's node: the job's own, or the machine `orchestrator run` was started on
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.state = RunState.options(scheduling_strategy=here).remote()
-        self._run = TrainingRun.options(scheduling_strategy=here).remote()
-        self._result = self._run.fit.remote(spec, run, self.state, placement)
+        self._result = self.state.fit.remote(functools.partial(trainer, spec, run, placement=placement))
+        self._outcome: Outcome | None = None  # read before an abort ends the actor
         self._failure: dict | None = None
         self._done = False
         self.aborted: str | None = None  # why the run was aborted, if it was
@@ -115,7 +107,7 @@ class RunHandle:
 
     @property
     def failure(self) -> dict | None:
-        """How `fit()` failed (see `describe_failure`), or None."""
+        """How `fit()` failed (see `run_state.describe_failure`), or None."""
         return self._failure
 
     def events(self, timeout: float = 30.0) -> list:
@@ -134,12 +126,21 @@ class RunHandle:
         """End the run now, without a checkpoint: its controller and workers go with the actor
         that owns them, and its placement group is removed here."""
         self.aborted = why
-        ray.kill(self._run, no_restart=True)
+        try:
+            self._outcome = ray.get(self.state.outcome.remote(), timeout=10)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            pass
+        ray.kill(self.state, no_restart=True)
         self.join(timeout)
         release_placement_groups()
 
     def outcome(self) -> Outcome:
-        return ray.get(self.state.outcome.remote())
+        return self._outcome or ray.get(self.state.outcome.remote())
+
+    @property
+    def known_outcome(self) -> Outcome | None:
+        """The outcome read before an abort ended the actor, if it could be."""
+        return self._outcome
 
 
 def release_placement_groups() -> list[str]:
@@ -167,24 +168,6 @@ def release_placement_groups() -> list[str]:
 
 def start(spec: JobSpec, run: str, placement: dict[str, int] | None = None) -> RunHandle:
     return RunHandle(spec, run, placement)
-
-
-def describe_failure(err: BaseException) -> dict:
-    """What the summary needs of a failed `fit()`, as plain data: the ranks that died, the
-    error's first lines, and whether Ray gave up on a worker group (out of restarts)."""
-    failures = getattr(err, "worker_failures", None) or {}  # WorkerGroupError: rank -> error
-    # a dead worker shows up as a failed health check wrapping the actor's death
-    died = [
-        rank
-        for rank, e in sorted(failures.items())
-        if isinstance(getattr(e, "health_check_failure", e), ray.exceptions.RayActorError)
-    ]
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return {
-        "died": died,
-        "text": " ".join(lines[:2]) if lines else type(err).__name__,
-        "group": bool(failures),
-    }
 
 
 def failure_reason(failure: dict, error: dict | None, max_failures: int) -> str:
@@ -258,11 +241,8 @@ def aborted_summary(
 ) -> dict:
     """The summary of a run ended by `abort`: `status` is stopped or preempted (before its first
     step) or aborted (requeued by the service)."""
-    try:
-        outcome = ray.get(handle.state.outcome.remote(), timeout=10)
-        resumed = outcome.resumed_from
-    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
-        resumed = None
+    known = handle.known_outcome  # the actor is gone: what it said before the abort
+    resumed = known.resumed_from if known else None
     return {
         "job": handle.spec.name,
         "run": handle.run,

@@ -1,4 +1,6 @@
-"""The state and control of one run: a small actor beside the driver.
+"""The state and control of one run: one actor beside the driver, which also runs the run's
+`TorchTrainer.fit()` (so Ray Train's controller, its workers and their placement group belong
+to it: killing it ends the run at once, wherever it is).
 
 `ray.train.report()` is a barrier that can block for seconds in Ray Train V2, so the workers
 use it only to register checkpoints. Everything else goes through this actor: rank 0 sends
@@ -104,7 +106,8 @@ class EventLog:
         return self.events[cursor - self.dropped :], self.dropped + len(self.events)
 
 
-@ray.remote(num_cpus=0)
+# fit() runs on a thread of its own; the workers' and the driver's calls on the default one
+@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"fit": 1})
 class RunState:
     def __init__(self):
         yield_to_training()  # this actor's calls run on this thread
@@ -174,6 +177,16 @@ class RunState:
 
     # -- called by the driver ----------------------------------------------------------------
 
+    @ray.method(concurrency_group="fit")
+    def fit(self, make_trainer) -> dict | None:
+        """`make_trainer(state)`'s `fit()`, with this actor as the workers' state; how it failed
+        (`describe_failure`), or None."""
+        try:
+            make_trainer(ray.get_runtime_context().current_actor).fit()
+        except BaseException as err:  # reported in the summary, with the workers' own reason
+            return describe_failure(err)
+        return None
+
     def request_stop(self, reason: str) -> None:
         """Ask the workers to checkpoint at the step they next learn of it, and stop."""
         self.stop = self.stop or reason
@@ -199,3 +212,21 @@ class MetricsLog:
         elif isinstance(event, Records):
             self.records.extend(event.records)
             self.changed = True
+
+
+def describe_failure(err: BaseException) -> dict:
+    """What the summary needs of a failed `fit()`, as plain data: the ranks that died, the
+    error's first lines, and whether Ray gave up on a worker group (out of restarts)."""
+    failures = getattr(err, "worker_failures", None) or {}  # WorkerGroupError: rank -> error
+    # a dead worker shows up as a failed health check wrapping the actor's death
+    died = [
+        rank
+        for rank, e in sorted(failures.items())
+        if isinstance(getattr(e, "health_check_failure", e), ray.exceptions.RayActorError)
+    ]
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return {
+        "died": died,
+        "text": " ".join(lines[:2]) if lines else type(err).__name__,
+        "group": bool(failures),
+    }
