@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -128,6 +129,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="for each level's jobs to run")
     args = parser.parse_args()
     levels = [int(n) for n in args.jobs.split(",")]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # the cluster goes in `finally`
     sys.path.insert(0, str(ROOT))
     from tests.ray_cluster import start_ray_head, stop_ray_head
 
@@ -160,6 +162,7 @@ def main() -> int:
             cli("stop", job, "--now")
         cli("down")
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM (`timeout`'s) would stop the stop
         stop_ray_head(head)
     report(measured)
     return 0

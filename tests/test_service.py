@@ -25,6 +25,7 @@ import pytest
 
 from core.metrics_log import read_metrics
 from tests.conftest import ROOT, SERVICE_SPEC, _free_ports, run_cli
+from tests.ray_cluster import list_actors
 
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
 
@@ -89,13 +90,30 @@ def test_jobs_that_do_not_fit_together_run_one_after_the_other(service, tmp_path
     assert train_steps(service.runs / "gang-a") == list(range(5, 41, 5))  # each step once
 
 
+def assert_control_on_the_jobs_own_node(service, job: dict) -> None:
+    """Ray's own actor table: the run's state actor (which runs `fit()`) and Ray Train's
+    controller live on the node with most of the job's workers, and Ray Train's per-run
+    PlacementGroupCleaner (pinned to the head) is not started."""
+    from orchestrator.ray.launcher import driver_node
+
+    node = driver_node(job["placement"])
+    for name in ("RunState", "TrainController"):
+        alive = [
+            a for a in list_actors(service.head.dashboard, service.head.env, name) if a["state"] == "ALIVE"
+        ]
+        assert [a["node_id"] for a in alive] == [node], (name, alive, job["placement"])
+    cleaners = list_actors(service.head.dashboard, service.head.env, "PlacementGroupCleaner")
+    assert not [a for a in cleaners if a["state"] == "ALIVE"], cleaners
+
+
 @pytest.mark.timeout(600)
 def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(service):
     # long enough (about 20 s of training) to be preempted while it trains, not while it starts;
     # its checkpoints on S3: the one it stops at must be durable before it resumes from it
     runs = service.s3.uri("preemption")
     low = service.submit("scheduling.preemptible=true", f"checkpoint.storage={runs}", name="low", steps=3000)
-    service.wait(low, lambda j: j["state"] == "running", what="running")
+    running = service.wait(low, lambda j: j["state"] == "running", what="running")
+    assert_control_on_the_jobs_own_node(service, running)
     high = service.submit(name="high", priority=10, steps=10)
     h, lo = service.done(high), service.done(low)
     # the low job stopped at a step, checkpointed it, made way, and resumed from exactly there

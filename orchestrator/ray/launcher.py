@@ -37,6 +37,14 @@ log = logging.getLogger("orchestrator")
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's built-in label: every node carries its own id
 
 
+def driver_node(placement: dict[str, int]) -> str | None:
+    """The node a job's control runs on (its driver, the run's state actor and Ray Train's
+    controller): the one with the most of its workers (rank 0's on a tie)."""
+    if not placement:
+        return None
+    return max(sorted(placement), key=lambda node: placement[node])
+
+
 def label_selectors(placement: dict[str, int]) -> list[dict[str, str]]:
     """One selector per worker from {node id: workers on it}."""
     return [{NODE_ID_LABEL: node} for node, count in sorted(placement.items()) for _ in range(count)]
@@ -44,7 +52,7 @@ def label_selectors(placement: dict[str, int]) -> list[dict[str, str]]:
 
 def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = None):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     from workers.ray_context import train_worker
 
@@ -60,7 +68,7 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
     # query string); Ray then takes the path without its scheme
     fs, path = storage.resolve(spec.checkpoint.storage)
     run_folder.forget_ray_index(run_folder.run_uri(spec, run))
-    return TorchTrainer(
+    return trainer_class()(
         train_worker,
         train_loop_config={"spec": spec, "run": run, "state": state},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
@@ -76,14 +84,33 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
     )
 
 
+def trainer_class():
+    """Ray Train's `TorchTrainer` less the PlacementGroupCleaner it starts for every run: a
+    detached actor pinned to the head node (100-300 MiB there per running job: docs/scaling.md)
+    that removes the run's placement groups if the run's controller dies. Here the run's state
+    actor owns the controller, and whoever loses that actor removes them (`RunHandle.join`);
+    Ray removes them with the driver's job in any case. Ray Train has no switch for it, so the
+    trainer's default callbacks are filtered (tests/test_service.py checks none runs)."""
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    class Trainer(TorchTrainer):
+        def _create_default_callbacks(self):
+            defaults = super()._create_default_callbacks()
+            return [c for c in defaults if not isinstance(c, PlacementGroupCleanerCallback)]
+
+    return Trainer
+
+
 class RunHandle:
     def __init__(self, spec: JobSpec, run: str, placement: dict[str, int] | None = None):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.spec, self.run, self.placement = spec, run, placement
         # the run's state actor, which runs fit() (so Ray Train's controller is there too), lives
-        # on the driver's node: the job's own, or the machine `orchestrator run` was started on
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        # on the job's own node where the service placed it, else on the driver's
+        node = driver_node(placement or {}) or ray.get_runtime_context().get_node_id()
+        here = NodeAffinitySchedulingStrategy(node, soft=False)
         self.state = RunState.options(scheduling_strategy=here).remote()
         self._result = self.state.fit.remote(functools.partial(trainer, spec, run, placement=placement))
         self._outcome: Outcome | None = None  # read before an abort ends the actor
@@ -102,8 +129,10 @@ class RunHandle:
             self._done = True
             try:
                 self._failure = ray.get(self._result)
-            except ray.exceptions.RayActorError:  # aborted, or the driver's node went away
+            except ray.exceptions.RayActorError:  # aborted, or the run's node went away
                 self._failure = {"died": [], "text": self.aborted or "the run's actor died", "group": False}
+                if not self.aborted:  # (abort removes them itself)
+                    release_placement_groups()
 
     @property
     def failure(self) -> dict | None:

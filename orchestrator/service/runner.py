@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 from core import storage
 from core.spec import JobSpec
-from orchestrator.ray.launcher import NODE_ID_LABEL
+from orchestrator.ray.launcher import NODE_ID_LABEL, driver_node
 
 SPEC_IN_PACKAGE = ".orchestrator/job.json"
 
@@ -60,14 +60,6 @@ def local_copy(package_uri: str) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="orchestrator-package-") as local:
         storage.download(package_uri, local)
         yield local
-
-
-def driver_node(placement: dict[str, int]) -> str | None:
-    """The node a job's driver runs on: the one with the most of its workers (rank 0's on a
-    tie, the first in the launcher's order)."""
-    if not placement:
-        return None
-    return max(sorted(placement), key=lambda node: placement[node])
 
 
 def driver_node_selector(placement: dict[str, int]) -> dict[str, str] | None:
