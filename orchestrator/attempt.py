@@ -48,6 +48,25 @@ def raise_if_stopped() -> None:
         raise Stopped()
 
 
+def preflight(spec: JobSpec, run_uri: str) -> None:
+    """Fail before any worker starts when storage is unusable (the message names the URI) or the
+    data is not where the job runs."""
+    storage.check_writable(run_uri)
+    resume = spec.checkpoint.resume
+    if resume not in ("auto", "never"):
+        try:
+            found = storage.exists(resume)
+        except Exception as err:
+            raise OSError(f"checkpoint.resume: cannot read '{resume}': {err}") from None
+        if not found:
+            raise OSError(f"checkpoint.resume: no checkpoint at '{resume}'")
+    from workers.checks import data_problems  # the data plane's registries
+
+    problems = data_problems(spec)
+    if problems:
+        raise OSError(problems[0])
+
+
 class Attempt:
     """One training run: started, watched (progress, the metrics log in storage, reports to the
     service), stopped on request, summarised."""

@@ -1,13 +1,13 @@
-"""`orchestrator run` on Ray: the driver of one job.
+"""`orchestrator run` on Ray: the driver of one job, by one of two entry points over the same
+attempt (`orchestrator.attempt`):
 
-With an orchestrator service on the cluster, the driver queues the job there (or attaches to
-the record the service started it for, `--job-id`), waits until the service admits it, runs it
-on the nodes the service counted, reports progress, forwards stop requests to the workers and
-reports how the attempt ended; a preempted job goes back to waiting in the same driver and
-resumes from the checkpoint it stopped at. Without a service it runs the job at once.
+    run_alone    no service on the cluster: the job runs at once, at its largest size
+    run_queued   through the service (`orchestrator.queued_job`): the one attempt the service
+                 started this driver for on the job's own node (`--job-id`), or a job this
+                 driver queues itself and runs at each admission
 
-Printing, signals and exit statuses live here; watching one training run is `orchestrator.attempt`'s job,
-starting it `orchestrator.ray.launcher`'s.
+Printing, signals and exit statuses live here; watching one training run is
+`orchestrator.attempt`'s job, starting it `orchestrator.ray.launcher`'s.
 """
 
 from __future__ import annotations
@@ -17,17 +17,16 @@ import os
 import signal
 import sys
 import threading
-import time
 
 from core import storage
-from core.jobs import TERMINAL_VALUES
 from core.run_folder import run_name
 from core.spec import JobSpec
 from core.summary import print_summary, write_summary
 from orchestrator import client as service_client
-from orchestrator.attempt import Attempt, Stopped, on_sigterm, raise_if_stopped
+from orchestrator.attempt import Attempt, Stopped, on_sigterm, preflight
 from orchestrator.errors import UsageError
 from orchestrator.monitoring.terminal import Display
+from orchestrator.queued_job import QueuedJob
 from orchestrator.ray import cluster
 
 EXIT = {"succeeded": 0, "stopped_early": 0, "failed": 1, "stopped": 1}
@@ -74,21 +73,9 @@ def run(
                 raise cluster.ClusterError(f"--job-id {job_id}: no orchestrator service on {where}")
             with Display() as display:
                 if service is None:
-                    if spec.resources.elastic:  # no service to size it: its largest size
-                        spec = spec.at_size(spec.resources.max_workers)
-                    run = run_name(spec)
-                    _preflight(spec, storage.join(spec.checkpoint.storage, run))
-                    _check_resources(spec, local=address is None)
-                    display.event(
-                        spec.name,
-                        f"{spec.resources.num_workers} worker(s) on {where}; checkpoints in "
-                        f"{storage.join(spec.checkpoint.storage, run)}",
-                    )
-                    summary = Attempt(spec, run, None, display).run()
+                    summary = run_alone(spec, where, display, local=address is None)
                 else:
-                    queued = QueuedJob(spec, service, job_id, display)
-                    queued.preflight()
-                    summary = queued.run()
+                    summary = run_queued(spec, service, job_id, display)
     except (cluster.ClusterError, service_client.ServiceError, OSError) as err:
         print(f"error: {spec.name}: {err}", file=sys.stderr, flush=True)
         return 1
@@ -99,6 +86,12 @@ def run(
             flush=True,
         )
         return 128 + signal.SIGTERM
+    return report(spec, summary, summary_path)
+
+
+def report(spec: JobSpec, summary: dict, summary_path: str | None) -> int:
+    """The run's summary, printed and written where asked; the exit status."""
+    tag = f"[{spec.name}]"
     write_summary(summary, summary_path)
     if summary.get("steps") is not None:
         print_summary(summary)
@@ -111,23 +104,27 @@ def run(
     return EXIT.get(summary["status"], 1)
 
 
-def _preflight(spec: JobSpec, run_uri: str) -> None:
-    """Fail before any worker starts when storage is unusable (the message names the URI) or the
-    data is not where the job runs."""
-    storage.check_writable(run_uri)
-    resume = spec.checkpoint.resume
-    if resume not in ("auto", "never"):
-        try:
-            found = storage.exists(resume)
-        except Exception as err:
-            raise OSError(f"checkpoint.resume: cannot read '{resume}': {err}") from None
-        if not found:
-            raise OSError(f"checkpoint.resume: no checkpoint at '{resume}'")
-    from workers.checks import data_problems  # the data plane's registries
+def run_alone(spec: JobSpec, where: str, display: Display, local: bool) -> dict:
+    """`orchestrator run` with no service on the cluster: the job runs now, at its largest size."""
+    if spec.resources.elastic:  # no service to size it
+        spec = spec.at_size(spec.resources.max_workers)
+    run = run_name(spec)
+    preflight(spec, storage.join(spec.checkpoint.storage, run))
+    _check_resources(spec, local)
+    display.event(
+        spec.name,
+        f"{spec.resources.num_workers} worker(s) on {where}; checkpoints in "
+        f"{storage.join(spec.checkpoint.storage, run)}",
+    )
+    return Attempt(spec, run, None, display).run()
 
-    problems = data_problems(spec)
-    if problems:
-        raise OSError(problems[0])
+
+def run_queued(spec: JobSpec, service, job_id: str | None, display: Display) -> dict:
+    """Through the service: the attempt it started this driver for (`--job-id`), or a job this
+    driver queues itself and runs each time it is admitted."""
+    queued = QueuedJob(spec, service, job_id, display)
+    queued.preflight()
+    return queued.run()
 
 
 def _check_resources(spec: JobSpec, local: bool) -> None:
@@ -140,146 +137,3 @@ def _check_resources(spec: JobSpec, local: bool) -> None:
         if local:
             raise cluster.ClusterError(text + "; set resources.gpus_per_worker=0 to train on CPUs")
         print(f"[{spec.name}] warning: {text}; waiting for the autoscaler", flush=True)
-
-
-class QueuedJob:
-    """A job run through the orchestrator service: queued, admitted, run, maybe preempted and
-    run again, until it ends."""
-
-    WAIT_S = 1.0
-
-    def __init__(self, spec: JobSpec, service, job_id: str | None, display: Display):
-        self.spec, self.service, self.display, self.name = spec, service, display, spec.name
-        submission = service_client.own_submission_id()
-        if job_id:
-            view = service_client.call(service.attach, job_id, submission)
-        else:
-            view = service_client.call(
-                service.register,
-                spec,
-                {"submission_id": submission},
-                service_client.package_if_in_ray_job(),
-            )
-        self.job_id, self.run_id, self.attempt = view["id"], view["run"], view["attempt"]
-        # a driver the service started runs on the attempt's nodes, for that attempt only
-        self.one_attempt = bool(job_id)
-        self.finished_attempt = 0  # the newest attempt this driver ran and reported
-        display.event(
-            self.name,
-            f"queued as {self.job_id} (priority {view['priority']}); checkpoints in "
-            f"{storage.join(spec.checkpoint.storage, self.run_id)}",
-        )
-        display.update(self.name, state="queued", total=spec.train.steps)
-
-    def preflight(self) -> None:
-        """Storage and data checks; a failure no retry can mend fails the job in the queue at
-        once, with the real reason (not a retried start)."""
-        try:
-            _preflight(self.spec, storage.join(self.spec.checkpoint.storage, self.run_id))
-        except OSError as err:
-            service_client.call(self.service.fail, self.job_id, str(err).splitlines()[0])
-            raise
-
-    def run(self) -> dict:
-        summary = self._summary("stopped", "stopped while queued")
-        while True:
-            view = self._wait_admission()
-            if view["state"] in TERMINAL_VALUES:  # stopped while queued, or the service's verdict
-                summary.update(status=view["state"], job_id=self.job_id, reason=view.get("reason"))
-                return summary
-            self.attempt = view["attempt"]
-            if view["state"] == "stopping":  # stopped or preempted before this driver started it
-                outcome = "preempted" if view["stop"] == "preempt" else "stopped"
-                summary = self._summary(outcome, f"{outcome} before it started")
-            else:
-                summary = self._attempt(view)
-            outcome = {"stopped_early": "succeeded"}.get(summary["status"], summary["status"])
-            after = service_client.call(self.service.finished, self.job_id, self.attempt, outcome, summary)
-            self.finished_attempt = self.attempt
-            self.display.update(self.name, state=after["state"])
-            if after["state"] in TERMINAL_VALUES:
-                summary["job_id"] = self.job_id
-                return summary
-            self._say_requeued(after, summary)
-            if self.one_attempt:
-                summary.update(handed_back=True, job_id=self.job_id)
-                return summary
-
-    def _attempt(self, admitted: dict) -> dict:
-        spec = self.spec.model_copy(deep=True)
-        if spec.resources.elastic:  # the size the service admitted it at
-            spec = spec.at_size(sum(admitted["placement"].values()))
-        if self.attempt > 1:  # a later admission continues the job's own checkpoints
-            spec.checkpoint.resume = "auto"
-        accum = f", {spec.train.grad_accum} micro-batches per step" if self.spec.resources.elastic else ""
-        self.display.event(
-            self.name,
-            f"admitted (attempt {self.attempt}): {spec.resources.num_workers} "
-            f"worker(s) on {len(admitted['placement'])} node(s){accum}",
-        )
-        self.display.update(self.name, state="admitted", note=None)
-        return Attempt(spec, self.run_id, admitted["placement"], self.display, queued=self).run()
-
-    def _say_requeued(self, after: dict, summary: dict) -> None:
-        """The attempt ended and the job is queued again (or the service is deciding whether a
-        node of its died): say why, and go back to waiting."""
-        last = (after.get("history") or [{}])[-1]
-        if last.get("event") == "node-lost":
-            why = f"a node it ran on was lost at step {last.get('step')}"
-        elif last.get("event") == "infrastructure-failure":
-            why = (
-                f"its collectives failed at step {last.get('step')} with every node answering"
-                f" ({last['count']})"
-            )
-        elif after["state"] == "preempted":
-            why = f"preempted at step {summary.get('steps')}"
-        elif after["state"] in ("admitted", "running", "stopping"):
-            why = "its attempt failed; waiting to learn whether a node of its was lost"
-        else:
-            why = f"its attempt ended ({summary['status']})"
-        resume = summary.get("checkpoint")
-        self.display.event(
-            self.name,
-            f"{why}: back in the queue; it resumes from {resume or 'the start (no checkpoint yet)'}",
-        )
-
-    def _summary(self, status: str, reason: str) -> dict:
-        return {
-            "job": self.spec.name,
-            "run": self.run_id,
-            "status": status,
-            "steps": None,
-            "reason": reason,
-            "samples_per_s": 0.0,
-            "checkpoint": None,
-        }
-
-    def _wait_admission(self) -> dict:
-        """The service's view once the job is admitted (a newer attempt), asked to stop before
-        it started, or ended; meanwhile the queue notes, as they change."""
-        shown = None
-        while True:
-            state = service_client.call(self.service.admission, self.job_id)
-            newer = state["attempt"] > self.finished_attempt
-            if state["state"] in TERMINAL_VALUES or (newer and state["state"] in ("admitted", "stopping")):
-                return state
-            if state["state"] in ("queued", "preempted"):
-                line = state.get("note") or (
-                    f"queued behind {state['ahead']} job(s)" if state["ahead"] else "queued"
-                )
-            else:  # this attempt still holds its nodes: the service is deciding about it
-                line = "waiting for the service's verdict on the failed attempt (probing its nodes)"
-            if line != shown:
-                self.display.event(self.name, line)
-                self.display.update(self.name, state=state["state"], note=line)
-                shown = line
-            time.sleep(self.WAIT_S)
-            raise_if_stopped()
-
-    def report(self, progress: dict) -> dict:
-        """Progress to the service; its reply may carry a stop request ("stop", "preempt",
-        "abort") and why."""
-        try:
-            return service_client.call(self.service.report, self.job_id, self.attempt, progress, retries=1)
-        except service_client.ServiceError:
-            return {}  # the service is restarting: keep training, report again later
