@@ -145,9 +145,19 @@ def main() -> int:
     measured = []
     try:
         nodes = [head.add_node(f"node-{i}", NODE_CPUS, {"slot": NODE_SLOTS}) for i in (1, 2)]
-        up = cli("up", "--address", head.address, "--store", str(store), "--metrics-port", "0",
-                 "--shared-storage", str(runs),
-                 "--start-deadline", str(args.timeout))  # 8 jobs starting on 2 busy cores are slow; fmt: skip
+        up = cli(
+            "up",
+            "--address",
+            head.address,
+            "--store",
+            str(store),
+            "--metrics-port",
+            "0",
+            "--shared-storage",
+            str(runs),
+            "--start-deadline",
+            str(args.timeout),
+        )  # 8 jobs starting on 2 busy cores are slow; fmt: skip
         if up.returncode != 0:
             sys.exit(f"orchestrator up failed: {up.stdout}{up.stderr}")
         ids: list[str] = []
