@@ -12,6 +12,7 @@ import time
 
 from core import records, storage
 from core.spec import JobSpec
+from orchestrator.attempt_state import AttemptState, Phase
 from orchestrator.monitoring.terminal import Display
 from orchestrator.ray import launcher
 from orchestrator.ray.run_state import (
@@ -94,7 +95,7 @@ class Attempt:
         self.unreported: list[dict] = []  # records the service has not seen yet
         self.rewound = False  # the log was rewound since the last report
         self.stop_sent: str | None = None
-        self.training = False  # the workers loaded their start and began to train
+        self.state = AttemptState()  # starting, training, restarting, stopping, aborted, ended
         self.checkpoint_step: int | None = None  # of the newest checkpoint (saved or resumed from)
         self.start_step: int | None = None  # the step this run started (or resumed) at
         self.start_time: float | None = None  # and when
@@ -112,11 +113,12 @@ class Attempt:
             self._poll(handle, final=True)
         finally:
             self.log.close()
+        self.state.to(Phase.ENDED)
         if handle.aborted:
             result = launcher.aborted_summary(handle, self.ended_as, self.last_step, self.last_checkpoint)
         else:
             result = launcher.summary(handle, self.last_step, self.last_checkpoint)
-        return {**result, "checkpoint_step": self.checkpoint_step}
+        return {**result, "checkpoint_step": self.checkpoint_step, "phases": self.state.path}
 
     def _poll(self, handle: launcher.RunHandle, final: bool = False) -> None:
         for event in handle.events():
@@ -127,11 +129,13 @@ class Attempt:
                 self.log.append(event.records)
                 self.unreported = (self.unreported + event.records)[-REPORT_RECORDS:]
             elif isinstance(event, RunStarted):
-                self.training = True  # from here a stop checkpoints the steps it takes
+                self.state.on_run_started()  # from here a stop checkpoints the steps it takes
                 self.checkpoint_step = self.start_step = event.step
                 self.start_time = event.time
             elif isinstance(event, RankRecord):
                 self.ranks[event.rank] = event.record
+            elif isinstance(event, WorkerFailed):
+                self.state.on_worker_failed()
             elif isinstance(event, WorkersStarted):
                 self.ranks, self.workers = {}, dict(event.members)  # a new worker group
                 self.start_step = None  # until it has loaded its start
@@ -158,12 +162,14 @@ class Attempt:
         sum; a run that has not begun to train (no step to keep) or that the service has
         requeued (a node of its died) is aborted at once."""
         self.stop_sent = stop
-        if stop == "abort" or not self.training:
+        if self.state.stop_means_abort(stop):
             self.ended_as = {"abort": "aborted", "preempt": "preempted"}.get(stop, "stopped")
             what = reason if stop == "abort" else f"{self.ended_as} before its first step"
             self.display.event(self.name, f"{what}: ending the run now")
+            self.state.to(Phase.ABORTED)
             handle.abort(what)
             return
+        self.state.to(Phase.STOPPING)
         handle.request_stop(stop)
         what = "preemption" if stop == "preempt" else "stop"
         self.display.event(self.name, f"{what} requested: the workers checkpoint and stop")
