@@ -25,7 +25,6 @@ waiting; a job whose driver died is started again from its package by the servic
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -43,15 +42,12 @@ from orchestrator.monitoring.exporter import registry_for
 from orchestrator.monitoring.page_view import PageView, process_info
 from orchestrator.monitoring.web import make_app, serve
 from orchestrator.policy.policy import Policy
-from orchestrator.ray.autoscaler import detected_config
-from orchestrator.ray.cluster import read_token
-from orchestrator.ray.node_health import HealthChecks
+from orchestrator.service.cluster_access import ClusterAccess, of_ray
 from orchestrator.service.cycle import SchedulingCycle, request
 from orchestrator.service.health import Health, Watchdog
 from orchestrator.service.lifecycle import Lifecycle
 from orchestrator.service.live import LiveMetrics
 from orchestrator.service.progress import fold
-from orchestrator.service.runner import JobRunner
 from orchestrator.service.store import JobRecord, Store, find
 from orchestrator.service.submission import new_job_id, new_record, storage_refusal, unpack
 from orchestrator.service.views import Views
@@ -90,22 +86,23 @@ class ServiceConfig:
 class OrchestratorService:
     """Use through `ray.remote(...)` (see `service_options`); every method is safe to retry."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, cluster: ClusterAccess | None = None):
+        """`cluster`: what the service takes from its Ray cluster (default: the one this actor
+        runs on)."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         self.config = ServiceConfig(**config)
+        cluster = cluster or of_ray(self.config.dashboard, self.config.autoscaler)
         store = Store(self.config.store)
-        self.owner = ray.get_runtime_context().get_actor_id() or f"service-{secrets.token_hex(4)}"
+        self.owner = cluster.owner
         self.generation = store.acquire_lease(self.owner)
-        self.lifecycle = Lifecycle(store, JobRunner(self.config.dashboard), self.config, self.generation)
+        self.lifecycle = Lifecycle(store, cluster.runner, self.config, self.generation)
         self.store, self.jobs = store, self.lifecycle.jobs
         self.policy = self._startup_policy()
-        self.health_checks = HealthChecks.of_cluster(ray.get_runtime_context().gcs_address)
+        self.health_checks = cluster.health_checks
         if self.config.node_loss_wait_s is None:
             self.config.node_loss_wait_s = self.health_checks.declare_dead_s
         log.info("the cluster's health checks: %s", self.health_checks.describe())
-        # on the head, beside its cluster's monitor
-        autoscaler = self.config.autoscaler or detected_config(ray.get_runtime_context().gcs_address)
-        self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config, autoscaler)
+        self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config, cluster)
         self.started_at = time.time()
         self.last_pass_s = 0.0
         self.lock = threading.RLock()
@@ -113,7 +110,7 @@ class OrchestratorService:
         self.watchdog = Watchdog()  # hangs and stragglers of the running jobs (memory only)
         self._closing = threading.Event()
         self._wake = threading.Event()  # a submission schedules at once, not at the next tick
-        self.token = read_token()  # jobs over HTTP (`POST /api/jobs`) must carry the cluster's token
+        self.token = cluster.token  # jobs over HTTP (`POST /api/jobs`) must carry the cluster's token
         self.health = Health(
             self.lifecycle, self.cycle, self.watchdog, self.lock, self.config.dashboard, self.token
         )
@@ -186,7 +183,9 @@ class OrchestratorService:
             return self.views.queues()
 
     def _new_record(self, spec: JobSpec, options: dict, launched_by: str) -> JobRecord:
-        job_id = options.get("job_id") or new_job_id(spec.name)
+        job_id = options.get("job_id")
+        while not job_id or (job_id in self.jobs and not options.get("job_id")):
+            job_id = new_job_id(spec.name)  # 4 hex digits a second: a busy second draws again
         if job_id in self.jobs:
             raise ValueError(f"there is already a job '{job_id}' in the queue")
         job = new_record(spec, job_id, options, launched_by)

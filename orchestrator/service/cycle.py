@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 
-import ray
 from ray.job_submission import JobStatus
 
 from core.jobs import JobState
@@ -25,8 +24,8 @@ from orchestrator.policy.hangs import start_stuck
 from orchestrator.policy.node_watch import NodeWatch
 from orchestrator.policy.policy import Policy
 from orchestrator.policy.types import Allocation, Decision, JobRequest, Node
-from orchestrator.ray import node_health
 from orchestrator.ray.autoscaler import StandingRequest, node_types
+from orchestrator.service.cluster_access import ClusterAccess
 from orchestrator.service.lifecycle import Lifecycle
 from orchestrator.service.store import JobRecord
 
@@ -34,8 +33,9 @@ log = logging.getLogger("orchestrator.service")
 
 
 class SchedulingCycle:
-    def __init__(self, lifecycle: Lifecycle, policy: Policy, config, autoscaler: dict | None = None):
-        self.lifecycle, self.policy, self.config = lifecycle, policy, config
+    def __init__(self, lifecycle: Lifecycle, policy: Policy, config, cluster: ClusterAccess):
+        self.lifecycle, self.policy, self.config, self.cluster = lifecycle, policy, config, cluster
+        autoscaler = cluster.autoscaler
         # the node types an autoscaler may add (None: the cluster is what it is), what the
         # service asks it for, and the jobs it asked for (until they run)
         self.node_types = node_types(autoscaler) if autoscaler else None
@@ -46,7 +46,7 @@ class SchedulingCycle:
         self.jobs = lifecycle.jobs
         self.nodes: list[Node] = []
         self.alive: set[str] = set()  # ids of the live nodes, from the last pass
-        self.watch = NodeWatch(node_health.probe)  # which of them do not answer, or are in doubt
+        self.watch = NodeWatch(cluster.probe)  # which of them do not answer, or are in doubt
         self.draining: set[str] = set()  # live nodes being drained (about to go): no new work
         self.drained_away: set[str] = set()  # nodes that went after draining (Ray ends them once idle)
         self.node_events: list[dict] = []  # nodes that joined, were lost or began draining: newest 20
@@ -60,7 +60,7 @@ class SchedulingCycle:
 
     def refresh_nodes(self) -> None:
         nodes, head, raylets = [], None, {}
-        for n in ray.nodes():
+        for n in self.cluster.node_table():
             if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
                 head = n["NodeID"]
             if n.get("Alive"):
@@ -71,7 +71,7 @@ class SchedulingCycle:
                 }
                 nodes.append(Node(n["NodeID"], capacity))
                 raylets[n["NodeID"]] = (n["NodeManagerAddress"], int(n["NodeManagerPort"]))
-        alive, draining = {n.id for n in nodes}, draining_nodes()
+        alive, draining = {n.id for n in nodes}, self.cluster.draining()
         for node in self.watch.update(raylets):
             why = self.watch.unreachable()[node]
             log.warning("node %s does not answer (%s): no job is placed there", node[:8], why)
@@ -265,16 +265,6 @@ class SchedulingCycle:
                     size = min(request(job).allowed_sizes())
                 bundles += [dict(job.per_worker)] * size
         self.standing.set(bundles)
-
-
-def draining_nodes() -> set[str]:
-    """Ids of the nodes Ray is draining (`ray drain-node`, or the autoscaler before it stops a
-    node or the cloud preempts it). Ray Train reads the same table for its own preemption
-    notices (ray.train.get_preemption_info); Ray offers no public call for it yet."""
-    try:
-        return set(ray._private.state.state.get_draining_nodes())
-    except Exception:  # an older or a remote cluster without it: no node is draining
-        return set()
 
 
 def request(job: JobRecord) -> JobRequest:
