@@ -41,12 +41,14 @@ class FakeRunner:
         return dict(self.status)
 
 
-def node_table(gpu_nodes: int) -> list[dict]:
-    """What `ray.nodes()` lists: a head without GPUs and `gpu_nodes` nodes of 8 GPUs."""
+def node_table(gpus: int) -> list[dict]:
+    """What `ray.nodes()` lists: a head without GPUs and nodes of 8 GPUs holding `gpus` in all
+    (the last one fewer, if so): nothing is left over for a queued job."""
     head = _node(0, {"CPU": 8.0, "memory": 32e9, "node:__internal_head__": 1.0})
-    workers = [
-        _node(i, {"CPU": 64.0, "GPU": float(GPUS_PER_NODE), "memory": 512e9}) for i in range(1, gpu_nodes + 1)
-    ]
+    sizes = [GPUS_PER_NODE] * (gpus // GPUS_PER_NODE) + (
+        [gpus % GPUS_PER_NODE] if gpus % GPUS_PER_NODE else []
+    )
+    workers = [_node(i, {"CPU": 64.0, "GPU": float(n), "memory": 512e9}) for i, n in enumerate(sizes, 1)]
     return [head, *workers]
 
 
@@ -64,7 +66,7 @@ def _node(i: int, resources: dict) -> dict:
 def cluster_for(running: int) -> tuple[ClusterAccess, FakeRunner]:
     """A cluster that `running` jobs of SIZES (in turn) fill exactly, and its runner."""
     gpus = sum(SIZES[i % len(SIZES)] for i in range(running))
-    table = node_table(max(math.ceil(gpus / GPUS_PER_NODE), 1))
+    table = node_table(gpus)
     runner = FakeRunner()
     access = ClusterAccess(
         owner="bench-service",

@@ -14,8 +14,8 @@ class PageView:
     def info(self) -> dict:
         return self.service.info()
 
-    def queue(self) -> list[dict]:
-        return self.service.queue(include_finished=True)
+    def queue(self, waiting: int | None = None, finished: bool = True) -> list[dict]:
+        return self.service.queue(include_finished=finished, waiting=waiting)
 
     def job(self, job_id: str) -> dict | None:
         try:

@@ -216,6 +216,9 @@ class OrchestratorService:
                 self.tick()
             except Exception:  # one bad pass must not end scheduling
                 log.exception("scheduling pass failed")
+            # a pass holds the lock: the calls it kept waiting get as long again before a
+            # submission's wake starts the next one (else a burst of submissions is a pass each)
+            self._closing.wait(min(self.last_pass_s, self.config.tick_s))
             self._wake.wait(self.config.tick_s)
             self._wake.clear()
 
@@ -364,9 +367,10 @@ class OrchestratorService:
             self.lifecycle.request_stop(job, "preempt", time.time(), by="request")
             return self._view(job)
 
-    def queue(self, include_finished: bool = False) -> list[dict]:
+    def queue(self, include_finished: bool = False, waiting: int | None = None) -> list[dict]:
+        """In queue order; `waiting`: only the first that many of the waiting jobs."""
         with self.lock:
-            return self.views.queue(include_finished)
+            return self.views.queue(include_finished, waiting)
 
     def status(self, job_id: str) -> dict:
         with self.lock:
@@ -414,7 +418,7 @@ class OrchestratorService:
             job = self._job(job_id)
             live = self.live.get(job_id)
             if live is not None and live.records:
-                return [r for r in live.records if r.get(STEP, 0) > since_step]
+                return live.since(since_step)
             run_uri = run_folder.run_uri(job.spec, job.run)
         try:
             return [r for r in metrics_log.read_metrics(run_uri) if r.get(STEP, 0) > since_step]

@@ -43,6 +43,16 @@ class LiveMetrics:
             if r.get(records.CHECKPOINT_BYTES) is not None:
                 self.checkpoint_bytes = int(r[records.CHECKPOINT_BYTES])
 
+    def since(self, step: int) -> list[dict]:
+        """The records after `step`, oldest first. They are kept in step order (`add`), so they
+        are found from the newest back: a page polls every running job for its newest few."""
+        newer = []
+        for r in reversed(self.records):
+            if r.get(records.STEP, 0) <= step:
+                break
+            newer.append(r)
+        return newer[::-1]
+
     def snapshot(self) -> dict:
         return {
             "latest": self.latest,

@@ -32,11 +32,8 @@ class Views:
 
     def job(self, job: JobRecord, history: bool = True) -> dict[str, Any]:
         """A job's record as plain JSON, with what the service knows of it beyond the record."""
-        view = job.to_json()
-        view.pop("spec")  # the typed spec stays here; views are plain JSON
+        view = job.to_json(spec=False, history=history, ledger=False)  # the typed spec stays here
         view["ledger"] = job.ledger.view(time.time(), self.mfu(job.id)) if job.ledger is not None else None
-        if not history:
-            view.pop("history")
         view["note"] = self.cycle.notes.get(job.id)
         view["stragglers"] = self.watchdog.stragglers(job.id) if job.state.holds_resources else []
         watch = self.watchdog.watches.get(job.id) if job.state.holds_resources else None
@@ -51,10 +48,18 @@ class Views:
         )
         return view
 
-    def queue(self, include_finished: bool = False) -> list[dict[str, Any]]:
-        """The jobs in queue order: those holding resources first, then by priority and age."""
-        jobs = [j for j in self.jobs.values() if include_finished or not j.state.is_terminal]
-        return [self.job(j, history=False) for j in sorted(jobs, key=_queue_order)]
+    def queue(self, include_finished: bool = False, waiting: int | None = None) -> list[dict[str, Any]]:
+        """The jobs in queue order: those holding resources first, then by priority and age;
+        `waiting`: only the first that many of the jobs waiting (the rest are counted in
+        `cluster()["jobs"]`), for a person reading a queue of thousands."""
+        jobs = sorted(
+            (j for j in self.jobs.values() if include_finished or not j.state.is_terminal), key=_queue_order
+        )
+        if waiting is not None:
+            pending = [j for j in jobs if j.state.is_pending][:waiting]
+            jobs = [j for j in jobs if not j.state.is_pending] + pending
+            jobs.sort(key=_queue_order)
+        return [self.job(j, history=False) for j in jobs]
 
     def cluster(self) -> dict[str, Any]:
         """The cluster's part of the service's `info()`: nodes, resources, jobs by state, goodput
