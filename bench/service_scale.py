@@ -1,14 +1,14 @@
 """The orchestrator service's own bookkeeping at scale: 1,000 running jobs whose drivers report
 every 2 s, and 10,000 jobs waiting in the queue (issue 30).
 
-    python bench/service_scale.py [--running 1000] [--queued 10000] [--history 5000] [--out FILE]
+    python bench/service_scale.py [--running 1000] [--queued 10000] [--history 5000]
 
 In one process, without a Ray cluster: the real `OrchestratorService` (its lock, store, policy,
 lifecycle, views, status page and exporter) is handed a fake cluster (bench/service_fakes.py:
 a node table the running jobs fill exactly, a runner that names drivers instead of starting
 them) and a job store on local disk. The benchmark submits the jobs through `submit`, lets the
 scheduling pass admit the first `--running`, sends their drivers' reports itself (each job
-first reports `--history` records, the steady state of a job that ran for hours, then
+first reports `--history` records, as a job that ran for hours did, then
 realistic 2-second reports), and measures:
 
     pass        one scheduling pass (`tick`), p50 and p99
@@ -49,6 +49,7 @@ from core.jobs import JobState  # noqa: E402
 from core.spec import validate  # noqa: E402
 
 GB = 2**30
+HISTORY = 5000  # a job that ran for hours has logged this many records (the service kept 5,000 of them)
 WAITING = 50  # waiting jobs in a page of the queue (`orchestrator queue` shows as many)
 
 
@@ -310,16 +311,11 @@ def main() -> int:
     parser.add_argument("--running", type=int, default=1000)
     parser.add_argument("--queued", type=int, default=10000)
     parser.add_argument(
-        "--history",
-        type=int,
-        default=None,
-        help="records each running job reported (default: what the service keeps of a job, its steady state)",
+        "--history", type=int, default=HISTORY, help="records each running job reported before the measures"
     )
     parser.add_argument("--baseline", type=int, nargs=2, default=(10, 100), metavar=("RUNNING", "QUEUED"))
     args = parser.parse_args()
-    from orchestrator.service.live import LiveMetrics
-
-    history = LiveMetrics.KEEP if args.history is None else args.history
+    history = args.history
     print(f"machine: {os.cpu_count()} cores; history {history} records per running job", flush=True)
     started = time.perf_counter()
     base, _ = measure(*args.baseline, history)

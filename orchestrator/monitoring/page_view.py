@@ -25,8 +25,8 @@ class PageView:
         view["checkpoints"] = self.service.checkpoints(job_id)
         return view
 
-    def metrics(self, job_id: str, since_step: int) -> list[dict]:
-        return self.service.metrics_since(job_id, since_step)
+    def metrics(self, job_id: str, since_step: int, newest: int | None = None) -> list[dict]:
+        return self.service.metrics_since(job_id, since_step, newest)
 
 
 def process_info() -> dict:

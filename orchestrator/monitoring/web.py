@@ -66,8 +66,9 @@ class PageSource(Protocol):
         """A job view with "history" and "checkpoints" (URIs, newest last); None if unknown."""
         ...
 
-    def metrics(self, job_id: str, since_step: int) -> list[dict]:
-        """The job's metrics records with step > since_step: training records ("step", "loss",
+    def metrics(self, job_id: str, since_step: int, newest: int | None = None) -> list[dict]:
+        """The job's metrics records with step > since_step (`newest`: only that many, the
+        newest): training records ("step", "loss",
         "lr", "samples_per_s", "tokens_per_s", "mfu", ...) and eval records ("step", "eval_*")."""
         ...
 
@@ -156,7 +157,8 @@ class LiveRates:
         with self.lock:
             last_step, record = self.newest.get(job_id, (-1, None))
         try:
-            records = self.source.metrics(job_id, last_step)
+            # the first look at a job needs its newest record and trail, not all it kept
+            records = self.source.metrics(job_id, last_step, self.TRAIL)
         except KeyError:
             return None
         trail = []

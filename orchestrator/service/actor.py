@@ -411,19 +411,24 @@ class OrchestratorService:
         with self.lock:
             return self.views.exporter_snapshot()
 
-    def metrics_since(self, job_id: str, since_step: int) -> list[dict]:
-        """A job's metrics records after `since_step`: from memory while it reports, else from its
-        metrics log in storage."""
+    def metrics_since(self, job_id: str, since_step: int, newest: int | None = None) -> list[dict]:
+        """A job's metrics records after `since_step` (`newest`: only that many, the newest):
+        from memory while it reports, older ones than memory keeps (`LiveMetrics.KEEP`) and
+        those of a job that does not report from its metrics log in storage."""
         with self.lock:
             job = self._job(job_id)
             live = self.live.get(job_id)
-            if live is not None and live.records:
-                return live.since(since_step)
+            kept = live.since(since_step, newest) if live is not None else []
+            if kept and (len(kept) == newest or not live.older_than(since_step)):
+                return kept
             run_uri = run_folder.run_uri(job.spec, job.run)
+        before = kept[0].get(STEP, 0) if kept else float("inf")  # the log's part: what memory lacks
         try:
-            return [r for r in metrics_log.read_metrics(run_uri) if r.get(STEP, 0) > since_step]
+            logged = [r for r in metrics_log.read_metrics(run_uri) if since_step < r.get(STEP, 0) < before]
         except (FileNotFoundError, OSError):
-            return []
+            logged = []
+        found = logged + kept
+        return found if newest is None else found[len(found) - newest :] if newest else []
 
     def checkpoints(self, job_id: str) -> list[str]:
         with self.lock:
