@@ -32,22 +32,19 @@ from typing import Any
 
 import ray
 
-from core import metrics_log, run_folder
+from core import run_folder
 from core.jobs import JobState
 from core.queues import QueueConfig, validate_queue_config
-from core.records import STEP
 from core.spec import JobSpec, SpecError, validate
 from orchestrator.client import NAMESPACE, SERVICE_NAME
-from orchestrator.monitoring.exporter import registry_for
-from orchestrator.monitoring.page_view import PageView, process_info
-from orchestrator.monitoring.web import make_app, serve
+from orchestrator.monitoring.page_view import process_info, serve_page
 from orchestrator.policy.policy import Policy
 from orchestrator.service.cluster_access import ClusterAccess, of_ray
 from orchestrator.service.cycle import SchedulingCycle, request
 from orchestrator.service.health import Health, Watchdog
 from orchestrator.service.lifecycle import Lifecycle
-from orchestrator.service.live import LiveMetrics
-from orchestrator.service.progress import fold
+from orchestrator.service.live import LiveMetrics, with_logged
+from orchestrator.service.progress import RECORD, STEP, fold
 from orchestrator.service.store import JobRecord, Store, find
 from orchestrator.service.submission import new_job_id, new_record, storage_refusal, unpack
 from orchestrator.service.views import Views
@@ -115,20 +112,7 @@ class OrchestratorService:
             self.lifecycle, self.cycle, self.watchdog, self.lock, self.config.dashboard, self.token
         )
         self.views = Views(self.jobs, self.live, self.watchdog, self.cycle)
-        self.page, self.page_url = None, None
-        try:
-            self.page, self.page_url = serve(
-                make_app(PageView(self), registry_for(self), submitter=self),
-                self.config.web_host,
-                self.config.web_port,
-            )
-        except OSError as err:  # the queue matters more than the page: keep scheduling
-            log.error(
-                "status page and metrics not served on %s:%s: %s",
-                self.config.web_host,
-                self.config.web_port,
-                err,
-            )
+        self.page, self.page_url = serve_page(self, self.config.web_host, self.config.web_port)
         log.info(
             "orchestrator service generation %d: %d jobs in %s",
             self.generation,
@@ -203,10 +187,6 @@ class OrchestratorService:
     @property
     def nodes(self):
         return self.cycle.nodes
-
-    @property
-    def notes(self) -> dict[str, str]:
-        return self.cycle.notes
 
     # -- the scheduling loop ------------------------------------------------------------------
 
@@ -288,18 +268,13 @@ class OrchestratorService:
         with self.lock:
             job = self._job(job_id)
             job.last_seen = time.time()
-            ahead = sum(
-                1
-                for j in self.jobs.values()
-                if j.state.is_pending
-                and j.id != job.id
-                and (j.priority, -j.submitted_at) > (job.priority, -job.submitted_at)
-            )
+            mine = (job.priority, -job.submitted_at)
+            ahead = sum(1 for j in self.jobs.pending() if (j.priority, -j.submitted_at) > mine)
             return {
                 "state": job.state.value,
                 "attempt": job.attempt,
                 "placement": dict(job.placement),
-                "note": self.notes.get(job.id),
+                "note": self.cycle.notes.get(job.id),
                 "ahead": ahead,
                 "stop": job.stop_requested,
             }
@@ -315,11 +290,14 @@ class OrchestratorService:
                 return {"stop": "abort", "reason": f"the job is {job.state.value} (attempt {job.attempt})"}
             live = self.live.setdefault(job_id, LiveMetrics())
             changed = fold(job, progress, live, self.watchdog)
-            changed = self.health.stragglers(job, time.time()) or changed  # may ask it to stop
+            if self.health.stragglers(job, time.time()):  # may ask it to stop
+                changed = RECORD
             if progress.get("workers_started") and job.state is JobState.ADMITTED:
                 self.lifecycle.mark_running(job, attempt)  # saves
-            elif changed:
+            elif changed == RECORD:
                 self.lifecycle.save(job)
+            elif changed == STEP:  # the store is the truth of states and checkpoints, not of steps
+                self.lifecycle.save_progress(job)
             return {"stop": job.stop_requested}
 
     def finished(self, job_id: str, attempt: int, outcome: str, summary: dict | None = None) -> dict:
@@ -422,13 +400,7 @@ class OrchestratorService:
             if kept and (len(kept) == newest or not live.older_than(since_step)):
                 return kept
             run_uri = run_folder.run_uri(job.spec, job.run)
-        before = kept[0].get(STEP, 0) if kept else float("inf")  # the log's part: what memory lacks
-        try:
-            logged = [r for r in metrics_log.read_metrics(run_uri) if since_step < r.get(STEP, 0) < before]
-        except (FileNotFoundError, OSError):
-            logged = []
-        found = logged + kept
-        return found if newest is None else found[len(found) - newest :] if newest else []
+        return with_logged(kept, run_uri, since_step, newest)
 
     def checkpoints(self, job_id: str) -> list[str]:
         with self.lock:

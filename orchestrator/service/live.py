@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 
-from core import records
+from core import metrics_log, records
 
 
 class LiveMetrics:
@@ -72,3 +72,16 @@ class LiveMetrics:
             "checkpoint_saves": list(self.saves),
             "checkpoint_bytes": self.checkpoint_bytes,
         }
+
+
+def with_logged(kept: list[dict], run_uri: str, since_step: int, newest: int | None) -> list[dict]:
+    """`kept` (a job's records after `since_step` in memory) with the older ones memory no
+    longer has, read from the run's metrics log; `newest`: only that many, the newest."""
+    step = records.STEP
+    before = kept[0].get(step, 0) if kept else float("inf")  # the log's part: what memory lacks
+    try:
+        logged = [r for r in metrics_log.read_metrics(run_uri) if since_step < r.get(step, 0) < before]
+    except (FileNotFoundError, OSError):
+        logged = []
+    found = logged + kept
+    return found if newest is None else found[len(found) - newest :] if newest else []
