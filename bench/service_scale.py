@@ -17,7 +17,8 @@ realistic 2-second reports), and measures:
                 scheduling loop running as it does in the service
     reads       `orchestrator queue` (the command, in-process, over the page's HTTP API),
                 `orchestrator status ID`, GET /api/queue (its first page), GET /metrics
-                (and the exporter's snapshot alone)
+                (and the exporter's snapshot alone, and its text by prometheus_client's
+                generate_latest and by the exporter's own `exposition`, which /metrics serves)
     memory      the process' RSS, and what this scale added to it
 
 A small baseline (10 running / 100 queued) runs first in the same process, so the ratios show
@@ -177,7 +178,7 @@ class Bench:
         import prometheus_client
 
         from orchestrator import client
-        from orchestrator.monitoring.exporter import registry_for
+        from orchestrator.monitoring.exporter import exposition, registry_for
 
         page = self.service.page_url
         some = next(iter(self.drivers), None) or self.queued_ids[0]
@@ -191,6 +192,7 @@ class Bench:
             "metrics_http_s": lambda: _http(page + "metrics"),
             "exporter_snapshot_s": self.service.exporter_snapshot,
             "generate_latest_s": lambda: prometheus_client.generate_latest(registry),
+            "exposition_s": lambda: exposition(registry),  # what /metrics serves
         }
         last = {}
         for name, fn in read.items():
@@ -278,6 +280,7 @@ GOALS = {
     "metrics_http_s": ("GET /metrics (s)", 1.0, False),
     "exporter_snapshot_s": ("exporter snapshot (s)", 1.0, False),
     "generate_latest_s": ("prometheus generate_latest (s)", 1.0, False),
+    "exposition_s": ("exporter.exposition, /metrics' text (s)", 1.0, False),
     "rss_gb": ("process RSS (GB)", 1.0, False),
     "rss_added_gb": ("RSS added by this scale (GB)", None, False),
 }

@@ -64,6 +64,24 @@ def test_reports_fold_into_status_the_exporter_and_metrics(measured):
     assert f'orchestrator_queue_length{{priority="0"}} {QUEUED // 2}' in text
 
 
+def test_waiting_jobs_are_counted_by_queue_and_priority_not_listed(measured):
+    _, read = measured
+    bench, snapshot = read["bench"], read["exporter_snapshot_s"]
+    assert {job["id"] for job in snapshot["jobs"]} == set(bench.drivers)  # no waiting job's view
+    assert sum(group["jobs"] for group in snapshot["waiting"]) == QUEUED
+    asked = sum(
+        bench.service.jobs[job_id].workers * bench.service.jobs[job_id].per_worker.get("GPU", 0.0)
+        for job_id in bench.queued_ids
+    )
+    assert sum(group["demand"].get("GPU", 0.0) for group in snapshot["waiting"]) == asked
+    text = read["metrics_http_s"].decode()
+    assert not any(f'job="{job_id}"' in text for job_id in bench.queued_ids)
+    for level in (0, 3):  # the benchmark queues half at each
+        line = f'orchestrator_queue_pending_jobs{{priority="{level}",queue="default",state="queued"}}'
+        assert f"{line} {QUEUED // 2}.0" in text
+        assert f'orchestrator_queue_oldest_wait_seconds{{priority="{level}",queue="default"}}' in text
+
+
 def test_the_status_command_reads_the_job(measured):
     _, read = measured
     job_id = next(iter(read["bench"].drivers))

@@ -37,6 +37,7 @@ from aiohttp import web
 
 from core.jobs import HOLDING_VALUES, TERMINAL_VALUES
 from core.records import is_train
+from orchestrator.monitoring.exporter import exposition
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -280,7 +281,7 @@ class _Reads:
     async def metrics(self, request: web.Request) -> web.Response:
         if self.registry is None:
             return _json({"error": "this orchestrator service exports no Prometheus metrics"}, status=404)
-        body = await _call(prometheus_client.generate_latest, self.registry)
+        body = await _call(exposition, self.registry)
         return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
 
