@@ -45,6 +45,7 @@ class JobState(str, enum.Enum):
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
 TERMINAL_VALUES = frozenset(state.value for state in TERMINAL)  # as JSON views spell them
 HOLDING_VALUES = frozenset(state.value for state in JobState if state.holds_resources)
+PENDING_VALUES = frozenset(state.value for state in JobState if state.is_pending)
 
 _ENDS = (JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED)
 _REQUEUED = (JobState.QUEUED, JobState.PREEMPTED)

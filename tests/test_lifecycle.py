@@ -6,6 +6,7 @@ jobs without a package and without a Ray Job need no Ray, so none is started.
 """
 
 import ast
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,8 +14,8 @@ import pytest
 
 from core.jobs import TRANSITIONS, IllegalTransition, JobState, check_transition
 from core.spec import validate
-from orchestrator.service import progress
-from orchestrator.service.lifecycle import Lifecycle
+from orchestrator.service import lifecycle, progress
+from orchestrator.service.lifecycle import PROGRESS_SAVE_S, Lifecycle
 from orchestrator.service.live import LiveMetrics
 from orchestrator.service.store import Store
 from orchestrator.service.submission import new_record
@@ -142,6 +143,35 @@ def test_a_node_loss_counts_its_lost_steps_from_where_the_next_attempt_resumed(l
     lost = next(e for e in job.history if e["event"] == "node-lost")
     assert job.steps_lost == 0 and lost["steps_lost"] == 0 and lost["resumed_at"] == 500
     assert not progress.fold(job, {"start_step": 500, "step": 500}, live, watchdog)  # once
+
+
+def test_the_job_table_files_each_job_under_its_state_as_it_changes(life):
+    a, b, c = queued(life, "a"), queued(life, "b"), queued(life, "c")
+    assert life.jobs.pending() == [a, b, c] and life.jobs.holding() == []
+    life.admit(b, {"node-a": 1}, now=b.submitted_at + 1.0)
+    life.stop(c, now=c.submitted_at + 2.0)  # a queued job just leaves the queue
+    assert life.jobs.pending() == [a] and life.jobs.holding() == [b]
+    assert list(life.jobs.in_states([JobState.STOPPED])) == [c] and life.jobs.alive() == [a, b]
+    assert life.jobs.count(JobState.ADMITTED) == 1 and len(life.jobs) == 3
+    life.jobs.pop("a")
+    assert life.jobs.pending() == [] and "a" not in life.jobs
+
+
+def test_a_step_alone_is_saved_every_few_seconds_a_checkpoint_at_once(life, monkeypatch):
+    job = queued(life)
+    life.admit(job, {"node-a": 1}, now=1.0)
+    life.mark_running(job, attempt=1)  # saved
+    live, watchdog = LiveMetrics(), SimpleNamespace(observe=lambda *a: None)
+    assert progress.fold(job, {"step": 10}, live, watchdog) == progress.STEP
+    life.save_progress(job)
+    assert life.store.load(job.id).step == 0  # saved a moment ago: the store waits
+    later = time.monotonic() + PROGRESS_SAVE_S
+    monkeypatch.setattr(lifecycle.time, "monotonic", lambda: later)
+    life.save_progress(job)
+    assert life.store.load(job.id).step == 10
+    change = {"step": 20, "checkpoint": "/runs/job/checkpoint_00000020"}
+    assert progress.fold(job, change, live, watchdog) == progress.RECORD  # the caller saves it now
+    assert progress.fold(job, {"step": 20, "step_time_s": 0.5}, live, watchdog) == progress.NOTHING
 
 
 def test_the_table_refuses_what_no_path_leads_to(life):

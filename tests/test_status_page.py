@@ -586,12 +586,13 @@ class FakeService:
             view["checkpoints"] = list(self.checkpoints.get(job_id, []))
             return view
 
-    def metrics(self, job_id: str, since_step: int) -> list[dict]:
+    def metrics(self, job_id: str, since_step: int, newest: int | None = None) -> list[dict]:
         with self.lock:
             self.metrics_calls.append((job_id, since_step))
             if job_id not in self.jobs:
                 raise KeyError(job_id)
-            return [dict(r) for r in self.records.get(job_id, []) if r["step"] > since_step]
+            found = [dict(r) for r in self.records.get(job_id, []) if r["step"] > since_step]
+            return found if newest is None else found[max(len(found) - newest, 0) :]
 
 
 # --- serving ---------------------------------------------------------------------------------------

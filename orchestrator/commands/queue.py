@@ -10,14 +10,24 @@ from __future__ import annotations
 import sys
 import time
 
+from core.jobs import PENDING_VALUES
 from orchestrator.commands.options import add_address, with_cluster_errors
 from orchestrator.commands.queue_views import duration_text, read_queue, required_service, workers_text
 from orchestrator.errors import UsageError
+
+WAITING_SHOWN = 50  # waiting jobs `queue` lists: a screen or two, not a queue of thousands
 
 
 def register(sub) -> None:
     queue = sub.add_parser("queue", help="the orchestrator service's queue: waiting and running jobs")
     queue.add_argument("--all", action="store_true", help="include finished jobs")
+    queue.add_argument(
+        "--waiting",
+        type=int,
+        default=WAITING_SHOWN,
+        metavar="N",
+        help=f"show the first N waiting jobs (default {WAITING_SHOWN}; 0: every one)",
+    )
     add_address(queue)
     queue.set_defaults(handler=with_cluster_errors(handle_queue))
 
@@ -55,7 +65,7 @@ def handle_queue(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    jobs, info = read_queue(args.address, args.all)
+    jobs, info = read_queue(args.address, args.all, args.waiting or None)
     print(cluster_line(info))
     for line in queue_lines(info.get("queues")):
         print(line)
@@ -89,7 +99,15 @@ def handle_queue(args) -> int:
             job.get("note") or job.get("reason") or "",
         )
     Console(width=None if sys.stdout.isatty() else 200).print(table)
+    hidden = waiting_count(info) - sum(1 for job in jobs if job["state"] in PENDING_VALUES)
+    if args.waiting and hidden > 0:
+        print(f"... and {hidden} more waiting (--waiting 0 lists every one)")
     return 0
+
+
+def waiting_count(info: dict) -> int:
+    """The jobs waiting in the queue, from the service's counts by state."""
+    return sum(info.get("jobs", {}).get(state, 0) for state in PENDING_VALUES)
 
 
 def cluster_line(info: dict) -> str:

@@ -23,23 +23,27 @@ def required_service(address: str | None):
     return client.connected_service(address, required=True)
 
 
-def read_queue(address: str | None, include_finished: bool) -> tuple[list[dict], dict]:
+def read_queue(
+    address: str | None, include_finished: bool, waiting: int | None = None
+) -> tuple[list[dict], dict]:
     """(the queue's jobs, the service's info): from the service's HTTP API when `up` recorded
-    it here (milliseconds), else by joining the cluster (seconds)."""
+    it here (milliseconds), else by joining the cluster (seconds). `waiting`: only the first
+    that many of the waiting jobs (info's "jobs" counts them all)."""
     from orchestrator import client
 
     page = client.recorded_page(address)
     if page:
+        query = f"queue?finished={int(include_finished)}" + ("" if waiting is None else f"&waiting={waiting}")
         try:
-            jobs, info = client.api_get(page, "queue"), client.api_get(page, "info")
-            if not include_finished:
+            jobs, info = client.api_get(page, query), client.api_get(page, "info")
+            if not include_finished:  # a service from before ?finished sends every job
                 jobs = [job for job in jobs if job["state"] not in TERMINAL_VALUES]
             return jobs, info
         except client.Unreachable:
             pass
 
     with required_service(address) as service:
-        return client.call(service.queue, include_finished), client.call(service.info)
+        return client.call(service.queue, include_finished, waiting), client.call(service.info)
 
 
 def duration_text(seconds: float | None) -> str:

@@ -3,8 +3,24 @@ shows of the service's own process."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+
+log = logging.getLogger("orchestrator.service")
+
+
+def serve_page(service, host: str, port: int):
+    """The status page, its HTTP API and /metrics of `service`, on host:port: (the server, its
+    URL), or (None, None) when the port cannot be had (the queue matters more than the page)."""
+    from orchestrator.monitoring.exporter import registry_for
+    from orchestrator.monitoring.web import make_app, serve
+
+    try:
+        return serve(make_app(PageView(service), registry_for(service), submitter=service), host, port)
+    except OSError as err:
+        log.error("status page and metrics not served on %s:%s: %s", host, port, err)
+        return None, None
 
 
 class PageView:
@@ -14,8 +30,8 @@ class PageView:
     def info(self) -> dict:
         return self.service.info()
 
-    def queue(self) -> list[dict]:
-        return self.service.queue(include_finished=True)
+    def queue(self, waiting: int | None = None, finished: bool = True) -> list[dict]:
+        return self.service.queue(include_finished=finished, waiting=waiting)
 
     def job(self, job_id: str) -> dict | None:
         try:
@@ -25,8 +41,8 @@ class PageView:
         view["checkpoints"] = self.service.checkpoints(job_id)
         return view
 
-    def metrics(self, job_id: str, since_step: int) -> list[dict]:
-        return self.service.metrics_since(job_id, since_step)
+    def metrics(self, job_id: str, since_step: int, newest: int | None = None) -> list[dict]:
+        return self.service.metrics_since(job_id, since_step, newest)
 
 
 def process_info() -> dict:

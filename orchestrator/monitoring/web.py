@@ -4,7 +4,8 @@
     GET /static/...                      its script, styles and the vendored uPlot
     GET /api/info                        the service: generation, store, dashboard, nodes, counts, queues
     GET /api/queue                       every job's view, plus its newest rates ("live", "restarts")
-                                         and a running job's newest losses ("loss_trail")
+                                         and a running job's newest losses ("loss_trail");
+                                         ?waiting=N: only the first N waiting jobs, ?finished=0
     GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)
     GET /api/jobs/{id}/metrics?since=N   the job's metrics records with step > N
     GET /metrics                         the registry in Prometheus' text format (404 without one)
@@ -23,6 +24,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import functools
 import hmac
 import json
 import math
@@ -35,6 +37,7 @@ from aiohttp import web
 
 from core.jobs import HOLDING_VALUES, TERMINAL_VALUES
 from core.records import is_train
+from orchestrator.monitoring.exporter import exposition
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -55,16 +58,18 @@ class PageSource(Protocol):
         "resources": {"total": {...}, "busy": {...}}}"""
         ...
 
-    def queue(self) -> list[dict]:
-        """Job views in queue order, finished jobs included (no history)."""
+    def queue(self, waiting: int | None = None, finished: bool = True) -> list[dict]:
+        """Job views in queue order, finished jobs included (no history); `waiting`: only the
+        first that many of the waiting jobs; `finished`: False leaves finished jobs out."""
         ...
 
     def job(self, job_id: str) -> dict | None:
         """A job view with "history" and "checkpoints" (URIs, newest last); None if unknown."""
         ...
 
-    def metrics(self, job_id: str, since_step: int) -> list[dict]:
-        """The job's metrics records with step > since_step: training records ("step", "loss",
+    def metrics(self, job_id: str, since_step: int, newest: int | None = None) -> list[dict]:
+        """The job's metrics records with step > since_step (`newest`: only that many, the
+        newest): training records ("step", "loss",
         "lr", "samples_per_s", "tokens_per_s", "mfu", ...) and eval records ("step", "eval_*")."""
         ...
 
@@ -95,7 +100,10 @@ def plain(value: Any) -> Any:
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    body = json.dumps(plain(data), default=str, separators=(",", ":"))
+    try:  # almost always: nothing to replace, and `plain`'s walk would cost more than the encoding
+        body = json.dumps(data, default=str, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        body = json.dumps(plain(data), default=str, separators=(",", ":"))
     return web.json_response(text=body, status=status, headers={"Cache-Control": "no-store"})
 
 
@@ -150,7 +158,8 @@ class LiveRates:
         with self.lock:
             last_step, record = self.newest.get(job_id, (-1, None))
         try:
-            records = self.source.metrics(job_id, last_step)
+            # the first look at a job needs its newest record and trail, not all it kept
+            records = self.source.metrics(job_id, last_step, self.TRAIL)
         except KeyError:
             return None
         trail = []
@@ -234,7 +243,17 @@ class _Reads:
         return _json(await _call(self.source.info))
 
     async def queue(self, request: web.Request) -> web.Response:
-        views = await _call(self.source.queue)
+        """?waiting=N: the jobs holding resources and the first N waiting; ?finished=0: no
+        finished jobs. Without them, every job (the page filters and searches them itself)."""
+        asked = {}
+        try:
+            if "waiting" in request.query:
+                asked["waiting"] = max(int(request.query["waiting"]), 0)
+        except ValueError:
+            return _json({"error": "waiting must be a number of jobs"}, status=400)
+        if "finished" in request.query:
+            asked["finished"] = request.query["finished"] not in ("0", "false", "no")
+        views = await _call(functools.partial(self.source.queue, **asked))
         return _json(await _call(self.live.annotate, views))
 
     async def job(self, request: web.Request) -> web.Response:
@@ -262,7 +281,7 @@ class _Reads:
     async def metrics(self, request: web.Request) -> web.Response:
         if self.registry is None:
             return _json({"error": "this orchestrator service exports no Prometheus metrics"}, status=404)
-        body = await _call(prometheus_client.generate_latest, self.registry)
+        body = await _call(exposition, self.registry)
         return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
 

@@ -25,7 +25,6 @@ waiting; a job whose driver died is started again from its package by the servic
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,25 +32,19 @@ from typing import Any
 
 import ray
 
-from core import metrics_log, run_folder
+from core import run_folder
 from core.jobs import JobState
 from core.queues import QueueConfig, validate_queue_config
-from core.records import STEP
 from core.spec import JobSpec, SpecError, validate
 from orchestrator.client import NAMESPACE, SERVICE_NAME
-from orchestrator.monitoring.exporter import registry_for
-from orchestrator.monitoring.page_view import PageView, process_info
-from orchestrator.monitoring.web import make_app, serve
+from orchestrator.monitoring.page_view import process_info, serve_page
 from orchestrator.policy.policy import Policy
-from orchestrator.ray.autoscaler import detected_config
-from orchestrator.ray.cluster import read_token
-from orchestrator.ray.node_health import HealthChecks
+from orchestrator.service.cluster_access import ClusterAccess, of_ray
 from orchestrator.service.cycle import SchedulingCycle, request
 from orchestrator.service.health import Health, Watchdog
 from orchestrator.service.lifecycle import Lifecycle
-from orchestrator.service.live import LiveMetrics
-from orchestrator.service.progress import fold
-from orchestrator.service.runner import JobRunner
+from orchestrator.service.live import LiveMetrics, with_logged
+from orchestrator.service.progress import RECORD, STEP, fold
 from orchestrator.service.store import JobRecord, Store, find
 from orchestrator.service.submission import new_job_id, new_record, storage_refusal, unpack
 from orchestrator.service.views import Views
@@ -90,22 +83,23 @@ class ServiceConfig:
 class OrchestratorService:
     """Use through `ray.remote(...)` (see `service_options`); every method is safe to retry."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, cluster: ClusterAccess | None = None):
+        """`cluster`: what the service takes from its Ray cluster (default: the one this actor
+        runs on)."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
         self.config = ServiceConfig(**config)
+        cluster = cluster or of_ray(self.config.dashboard, self.config.autoscaler)
         store = Store(self.config.store)
-        self.owner = ray.get_runtime_context().get_actor_id() or f"service-{secrets.token_hex(4)}"
+        self.owner = cluster.owner
         self.generation = store.acquire_lease(self.owner)
-        self.lifecycle = Lifecycle(store, JobRunner(self.config.dashboard), self.config, self.generation)
+        self.lifecycle = Lifecycle(store, cluster.runner, self.config, self.generation)
         self.store, self.jobs = store, self.lifecycle.jobs
         self.policy = self._startup_policy()
-        self.health_checks = HealthChecks.of_cluster(ray.get_runtime_context().gcs_address)
+        self.health_checks = cluster.health_checks
         if self.config.node_loss_wait_s is None:
             self.config.node_loss_wait_s = self.health_checks.declare_dead_s
         log.info("the cluster's health checks: %s", self.health_checks.describe())
-        # on the head, beside its cluster's monitor
-        autoscaler = self.config.autoscaler or detected_config(ray.get_runtime_context().gcs_address)
-        self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config, autoscaler)
+        self.cycle = SchedulingCycle(self.lifecycle, self.policy, self.config, cluster)
         self.started_at = time.time()
         self.last_pass_s = 0.0
         self.lock = threading.RLock()
@@ -113,25 +107,12 @@ class OrchestratorService:
         self.watchdog = Watchdog()  # hangs and stragglers of the running jobs (memory only)
         self._closing = threading.Event()
         self._wake = threading.Event()  # a submission schedules at once, not at the next tick
-        self.token = read_token()  # jobs over HTTP (`POST /api/jobs`) must carry the cluster's token
+        self.token = cluster.token  # jobs over HTTP (`POST /api/jobs`) must carry the cluster's token
         self.health = Health(
             self.lifecycle, self.cycle, self.watchdog, self.lock, self.config.dashboard, self.token
         )
         self.views = Views(self.jobs, self.live, self.watchdog, self.cycle)
-        self.page, self.page_url = None, None
-        try:
-            self.page, self.page_url = serve(
-                make_app(PageView(self), registry_for(self), submitter=self),
-                self.config.web_host,
-                self.config.web_port,
-            )
-        except OSError as err:  # the queue matters more than the page: keep scheduling
-            log.error(
-                "status page and metrics not served on %s:%s: %s",
-                self.config.web_host,
-                self.config.web_port,
-                err,
-            )
+        self.page, self.page_url = serve_page(self, self.config.web_host, self.config.web_port)
         log.info(
             "orchestrator service generation %d: %d jobs in %s",
             self.generation,
@@ -186,7 +167,9 @@ class OrchestratorService:
             return self.views.queues()
 
     def _new_record(self, spec: JobSpec, options: dict, launched_by: str) -> JobRecord:
-        job_id = options.get("job_id") or new_job_id(spec.name)
+        job_id = options.get("job_id")
+        while not job_id or (job_id in self.jobs and not options.get("job_id")):
+            job_id = new_job_id(spec.name)  # 4 hex digits a second: a busy second draws again
         if job_id in self.jobs:
             raise ValueError(f"there is already a job '{job_id}' in the queue")
         job = new_record(spec, job_id, options, launched_by)
@@ -205,10 +188,6 @@ class OrchestratorService:
     def nodes(self):
         return self.cycle.nodes
 
-    @property
-    def notes(self) -> dict[str, str]:
-        return self.cycle.notes
-
     # -- the scheduling loop ------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -217,6 +196,9 @@ class OrchestratorService:
                 self.tick()
             except Exception:  # one bad pass must not end scheduling
                 log.exception("scheduling pass failed")
+            # a pass holds the lock: the calls it kept waiting get as long again before a
+            # submission's wake starts the next one (else a burst of submissions is a pass each)
+            self._closing.wait(min(self.last_pass_s, self.config.tick_s))
             self._wake.wait(self.config.tick_s)
             self._wake.clear()
 
@@ -286,18 +268,13 @@ class OrchestratorService:
         with self.lock:
             job = self._job(job_id)
             job.last_seen = time.time()
-            ahead = sum(
-                1
-                for j in self.jobs.values()
-                if j.state.is_pending
-                and j.id != job.id
-                and (j.priority, -j.submitted_at) > (job.priority, -job.submitted_at)
-            )
+            mine = (job.priority, -job.submitted_at)
+            ahead = sum(1 for j in self.jobs.pending() if (j.priority, -j.submitted_at) > mine)
             return {
                 "state": job.state.value,
                 "attempt": job.attempt,
                 "placement": dict(job.placement),
-                "note": self.notes.get(job.id),
+                "note": self.cycle.notes.get(job.id),
                 "ahead": ahead,
                 "stop": job.stop_requested,
             }
@@ -313,11 +290,14 @@ class OrchestratorService:
                 return {"stop": "abort", "reason": f"the job is {job.state.value} (attempt {job.attempt})"}
             live = self.live.setdefault(job_id, LiveMetrics())
             changed = fold(job, progress, live, self.watchdog)
-            changed = self.health.stragglers(job, time.time()) or changed  # may ask it to stop
+            if self.health.stragglers(job, time.time()):  # may ask it to stop
+                changed = RECORD
             if progress.get("workers_started") and job.state is JobState.ADMITTED:
                 self.lifecycle.mark_running(job, attempt)  # saves
-            elif changed:
+            elif changed == RECORD:
                 self.lifecycle.save(job)
+            elif changed == STEP:  # the store is the truth of states and checkpoints, not of steps
+                self.lifecycle.save_progress(job)
             return {"stop": job.stop_requested}
 
     def finished(self, job_id: str, attempt: int, outcome: str, summary: dict | None = None) -> dict:
@@ -365,9 +345,10 @@ class OrchestratorService:
             self.lifecycle.request_stop(job, "preempt", time.time(), by="request")
             return self._view(job)
 
-    def queue(self, include_finished: bool = False) -> list[dict]:
+    def queue(self, include_finished: bool = False, waiting: int | None = None) -> list[dict]:
+        """In queue order; `waiting`: only the first that many of the waiting jobs."""
         with self.lock:
-            return self.views.queue(include_finished)
+            return self.views.queue(include_finished, waiting)
 
     def status(self, job_id: str) -> dict:
         with self.lock:
@@ -408,19 +389,18 @@ class OrchestratorService:
         with self.lock:
             return self.views.exporter_snapshot()
 
-    def metrics_since(self, job_id: str, since_step: int) -> list[dict]:
-        """A job's metrics records after `since_step`: from memory while it reports, else from its
-        metrics log in storage."""
+    def metrics_since(self, job_id: str, since_step: int, newest: int | None = None) -> list[dict]:
+        """A job's metrics records after `since_step` (`newest`: only that many, the newest):
+        from memory while it reports, older ones than memory keeps (`LiveMetrics.KEEP`) and
+        those of a job that does not report from its metrics log in storage."""
         with self.lock:
             job = self._job(job_id)
             live = self.live.get(job_id)
-            if live is not None and live.records:
-                return [r for r in live.records if r.get(STEP, 0) > since_step]
+            kept = live.since(since_step, newest) if live is not None else []
+            if kept and (len(kept) == newest or not live.older_than(since_step)):
+                return kept
             run_uri = run_folder.run_uri(job.spec, job.run)
-        try:
-            return [r for r in metrics_log.read_metrics(run_uri) if r.get(STEP, 0) > since_step]
-        except (FileNotFoundError, OSError):
-            return []
+        return with_logged(kept, run_uri, since_step, newest)
 
     def checkpoints(self, job_id: str) -> list[str]:
         with self.lock:

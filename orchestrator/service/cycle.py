@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 
-import ray
 from ray.job_submission import JobStatus
 
 from core.jobs import JobState
@@ -25,8 +24,8 @@ from orchestrator.policy.hangs import start_stuck
 from orchestrator.policy.node_watch import NodeWatch
 from orchestrator.policy.policy import Policy
 from orchestrator.policy.types import Allocation, Decision, JobRequest, Node
-from orchestrator.ray import node_health
 from orchestrator.ray.autoscaler import StandingRequest, node_types
+from orchestrator.service.cluster_access import ClusterAccess
 from orchestrator.service.lifecycle import Lifecycle
 from orchestrator.service.store import JobRecord
 
@@ -34,8 +33,9 @@ log = logging.getLogger("orchestrator.service")
 
 
 class SchedulingCycle:
-    def __init__(self, lifecycle: Lifecycle, policy: Policy, config, autoscaler: dict | None = None):
-        self.lifecycle, self.policy, self.config = lifecycle, policy, config
+    def __init__(self, lifecycle: Lifecycle, policy: Policy, config, cluster: ClusterAccess):
+        self.lifecycle, self.policy, self.config, self.cluster = lifecycle, policy, config, cluster
+        autoscaler = cluster.autoscaler
         # the node types an autoscaler may add (None: the cluster is what it is), what the
         # service asks it for, and the jobs it asked for (until they run)
         self.node_types = node_types(autoscaler) if autoscaler else None
@@ -46,12 +46,13 @@ class SchedulingCycle:
         self.jobs = lifecycle.jobs
         self.nodes: list[Node] = []
         self.alive: set[str] = set()  # ids of the live nodes, from the last pass
-        self.watch = NodeWatch(node_health.probe)  # which of them do not answer, or are in doubt
+        self.watch = NodeWatch(cluster.probe)  # which of them do not answer, or are in doubt
         self.draining: set[str] = set()  # live nodes being drained (about to go): no new work
         self.drained_away: set[str] = set()  # nodes that went after draining (Ray ends them once idle)
         self.node_events: list[dict] = []  # nodes that joined, were lost or began draining: newest 20
         self.nodes_lost = 0  # nodes that died (not drained) since the service started
         self.notes: dict[str, str] = {}  # why a pending job did not start, from the last pass
+        self._kept: dict[str, tuple[tuple, JobRequest]] = {}  # the pending jobs' requests, last pass
 
     def run(self, now: float) -> None:
         self.refresh_nodes()
@@ -60,7 +61,7 @@ class SchedulingCycle:
 
     def refresh_nodes(self) -> None:
         nodes, head, raylets = [], None, {}
-        for n in ray.nodes():
+        for n in self.cluster.node_table():
             if n.get("Alive") and "node:__internal_head__" in n.get("Resources", {}):
                 head = n["NodeID"]
             if n.get("Alive"):
@@ -71,7 +72,7 @@ class SchedulingCycle:
                 }
                 nodes.append(Node(n["NodeID"], capacity))
                 raylets[n["NodeID"]] = (n["NodeManagerAddress"], int(n["NodeManagerPort"]))
-        alive, draining = {n.id for n in nodes}, draining_nodes()
+        alive, draining = {n.id for n in nodes}, self.cluster.draining()
         for node in self.watch.update(raylets):
             why = self.watch.unreachable()[node]
             log.warning("node %s does not answer (%s): no job is placed there", node[:8], why)
@@ -118,14 +119,12 @@ class SchedulingCycle:
 
     def reconcile(self, now: float) -> None:
         """Bring the job table in line with the drivers Ray runs."""
-        watched = [
-            j
-            for j in self.jobs.values()
-            if not j.state.is_terminal
-            and (j.state.holds_resources or j.submission_id or j.launched_by == "driver")
-        ]
+        waiting = (j for j in self.jobs.pending() if j.submission_id or j.launched_by == "driver")
+        watched = self.jobs.holding() + list(waiting)
         runner = self.lifecycle.runner
         statuses = runner.statuses() if any(j.submission_id for j in watched) else {}
+        # a job's workers start after the previous job's did (`start_stuck`): the newest start
+        # of a job that holds resources or ended (a waiting job's start is of an ended attempt)
         last_start = max((j.started_at or 0.0 for j in self.jobs.values()), default=0.0)
         deadline = self.config.start_deadline_s
         for job in watched:
@@ -189,19 +188,17 @@ class SchedulingCycle:
 
     def schedule(self, now: float) -> None:
         trials: dict[str, int] = {}  # running trials per sweep, for sweep.max_concurrent
-        for j in self.jobs.values():
-            if j.sweep and j.state.holds_resources:
+        holding = self.jobs.holding()
+        for j in holding:
+            if j.sweep:
                 trials[j.sweep] = trials.get(j.sweep, 0) + 1
 
         def sweep_full(job: JobRecord) -> bool:
             return bool(job.sweep_max_concurrent) and trials.get(job.sweep, 0) >= job.sweep_max_concurrent
 
-        pending = [
-            request(j)
-            for j in self.jobs.values()
-            if j.state.is_pending and j.not_before <= now and not sweep_full(j)
-        ]
-        running = [allocation(j) for j in self.jobs.values() if j.state.holds_resources]
+        ready = [j for j in self.jobs.pending() if j.not_before <= now and not sweep_full(j)]
+        pending = self._requests(ready)
+        running = [allocation(j) for j in holding]
         decision = self.policy.schedule(now, pending, running)
         self.notes = dict(decision.notes)
         for job_id, placement in decision.admit:
@@ -229,6 +226,31 @@ class SchedulingCycle:
             self.lifecycle.request_stop(
                 job, "preempt", now, by=f"{why}: {job.placement_size} -> {size} workers", resize_to=size
             )
+
+    def _requests(self, jobs: list[JobRecord]) -> list[JobRequest]:
+        """The pending jobs as the policy sees them, each kept from the last pass while what it
+        is built from stays the same (10,000 waiting jobs: building them all was half a pass)."""
+        kept, self._kept = self._kept, {}
+        out = []
+        for job in jobs:
+            key = (
+                job.priority,
+                job.workers,
+                tuple(job.per_worker.items()),
+                job.submitted_at,
+                job.preemptible,
+                job.queue,
+                job.remaining_s,
+                job.user,
+                job.attained_s,
+                job.pending_since,
+                tuple(job.avoid_nodes),
+            )
+            found = kept.get(job.id)
+            made = found[1] if found is not None and found[0] == key else request(job)
+            self._kept[job.id] = (key, made)
+            out.append(made)
+        return out
 
     # -- autoscaling -------------------------------------------------------------------------
 
@@ -265,16 +287,6 @@ class SchedulingCycle:
                     size = min(request(job).allowed_sizes())
                 bundles += [dict(job.per_worker)] * size
         self.standing.set(bundles)
-
-
-def draining_nodes() -> set[str]:
-    """Ids of the nodes Ray is draining (`ray drain-node`, or the autoscaler before it stops a
-    node or the cloud preempts it). Ray Train reads the same table for its own preemption
-    notices (ray.train.get_preemption_info); Ray offers no public call for it yet."""
-    try:
-        return set(ray._private.state.state.get_draining_nodes())
-    except Exception:  # an older or a remote cluster without it: no node is draining
-        return set()
 
 
 def request(job: JobRecord) -> JobRequest:

@@ -180,7 +180,7 @@ class Health:
         """Running jobs without step progress for longer than their hang timeout (or without a
         first step for longer than their start timeout): their stacks are taken and their ranks
         ended on a thread of their own. Called under the service's lock."""
-        for job, watch, timeout in self.watchdog.hung(list(self.jobs.values()), now):
+        for job, watch, timeout in self.watchdog.hung(self.jobs.holding(), now):
             clock = watch.clock
             stalled = clock.stalled_s(now)
             what = f"no step after {job.step}" if clock.armed else "no first step"

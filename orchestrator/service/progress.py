@@ -21,10 +21,14 @@ from orchestrator.service.health import Watchdog
 from orchestrator.service.live import LiveMetrics
 from orchestrator.service.store import JobRecord
 
+# what a report changed in the job's record (the caller saves it): nothing, its step (and its
+# ledger's records) only, or more (a checkpoint, a resume, a loss made exact, its total steps)
+NOTHING, STEP, RECORD = 0, 1, 2
 
-def fold(job: JobRecord, progress: dict, live: LiveMetrics, watchdog: Watchdog) -> bool:
-    """Fold one report of the job's current attempt in; returns whether its record changed
-    (the caller saves it)."""
+
+def fold(job: JobRecord, progress: dict, live: LiveMetrics, watchdog: Watchdog) -> int:
+    """Fold one report of the job's current attempt in; returns what changed in its record:
+    NOTHING, STEP or RECORD (the caller saves a RECORD at once, a STEP every few seconds)."""
     if progress.get("rewound"):
         live.clear()
     live.add(progress.get("records") or [])
@@ -34,21 +38,21 @@ def fold(job: JobRecord, progress: dict, live: LiveMetrics, watchdog: Watchdog) 
         live.ranks = dict(progress["ranks"])
     if progress.get("restarts") is not None:
         live.restarts = int(progress["restarts"])
-    changed = False
-    for key in ("step", "total_steps", "step_time_s"):
+    changed = NOTHING
+    for key, level in (("step", STEP), ("total_steps", RECORD), ("step_time_s", NOTHING)):
         if progress.get(key) is not None and getattr(job, key) != progress[key]:
             setattr(job, key, progress[key])
-            changed = key != "step_time_s" or changed
+            changed = max(changed, level)
     if progress.get("checkpoint") and progress["checkpoint"] != job.last_checkpoint:
         job.last_checkpoint = progress["checkpoint"]
-        changed = True
+        changed = RECORD
     start = progress.get("start_step")
     if start is not None and _exact_loss(job, int(start)):
-        changed = True
+        changed = RECORD
     if start and job.attempt == 1 and "resuming" not in (e["event"] for e in job.history):
         # a job run again under a name whose run has checkpoints continues that run
         job.log("resuming", run=job.run, step=start)
-        changed = True
+        changed = RECORD
     return changed
 
 

@@ -22,6 +22,7 @@ duplicate.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import posixpath
@@ -126,9 +127,23 @@ class JobRecord:
             return self.waited_s
         return self.waited_s + max(now - (self.pending_since or self.submitted_at), 0.0)
 
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(dataclasses.replace(self, spec=None))  # the spec is no dataclass
-        data.update(spec=self.spec_json(), state=self.state.value)
+    def to_json(self, spec: bool = True, history: bool = True, ledger: bool = True) -> dict[str, Any]:
+        """The record as plain JSON, every container copied (what the store writes). A view
+        leaves out the spec and the history, and shows its ledger otherwise (`views.py`): they
+        are most of the bytes and of the time, and the queue shows thousands of jobs."""
+        data = {}
+        for name in _field_names():
+            if name == "spec":
+                data[name] = self.spec_json() if spec else None
+            elif name == "state":
+                data[name] = self.state.value
+            elif (name == "history" and not history) or (name == "ledger" and not ledger):
+                data[name] = None
+            else:
+                data[name] = _plain(getattr(self, name))
+        for name, wanted in (("spec", spec), ("history", history)):
+            if not wanted:
+                del data[name]
         return data
 
     def spec_json(self) -> dict[str, Any]:
@@ -143,6 +158,23 @@ class JobRecord:
         if values.get("ledger") is not None:
             values["ledger"] = Ledger.from_dict(values["ledger"])
         return cls(**values)
+
+
+@functools.cache
+def _field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(JobRecord))
+
+
+def _plain(value: Any) -> Any:
+    """`value` copied as `dataclasses.asdict` copies a field, without its deep copy of every
+    number and string (they are immutable): a record is copied on every save and view."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    return value
 
 
 class LeaseHeld(RuntimeError):

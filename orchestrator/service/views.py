@@ -7,10 +7,13 @@ The service calls these under its lock.
 from __future__ import annotations
 
 import functools
+import heapq
 import time
 from typing import Any
 
+from core.jobs import JobState
 from core.ledger import cluster_goodput
+from orchestrator.monitoring.exporter import KEEP_FINISHED_S
 from orchestrator.policy.admission import add, scale
 from orchestrator.policy.cohorts import CohortBook
 from orchestrator.service.cycle import SchedulingCycle, allocation
@@ -18,6 +21,9 @@ from orchestrator.service.health import Watchdog
 from orchestrator.service.live import LiveMetrics
 from orchestrator.service.runner import submission_id
 from orchestrator.service.store import JobRecord
+from orchestrator.service.table import TERMINAL, table_of
+
+GOODPUT_EVERY_S = 2.0  # the cluster's goodput is summed at most this often
 
 
 class Views:
@@ -28,15 +34,13 @@ class Views:
         watchdog: Watchdog,
         cycle: SchedulingCycle,
     ):
-        self.jobs, self.live, self.watchdog, self.cycle = jobs, live, watchdog, cycle
+        self.jobs, self.live, self.watchdog, self.cycle = table_of(jobs), live, watchdog, cycle
+        self._goodput: dict[float | None, tuple[float, dict]] = {}  # since -> (when, goodput)
 
     def job(self, job: JobRecord, history: bool = True) -> dict[str, Any]:
         """A job's record as plain JSON, with what the service knows of it beyond the record."""
-        view = job.to_json()
-        view.pop("spec")  # the typed spec stays here; views are plain JSON
+        view = job.to_json(spec=False, history=history, ledger=False)  # the typed spec stays here
         view["ledger"] = job.ledger.view(time.time(), self.mfu(job.id)) if job.ledger is not None else None
-        if not history:
-            view.pop("history")
         view["note"] = self.cycle.notes.get(job.id)
         view["stragglers"] = self.watchdog.stragglers(job.id) if job.state.holds_resources else []
         watch = self.watchdog.watches.get(job.id) if job.state.holds_resources else None
@@ -51,17 +55,22 @@ class Views:
         )
         return view
 
-    def queue(self, include_finished: bool = False) -> list[dict[str, Any]]:
-        """The jobs in queue order: those holding resources first, then by priority and age."""
-        jobs = [j for j in self.jobs.values() if include_finished or not j.state.is_terminal]
-        return [self.job(j, history=False) for j in sorted(jobs, key=_queue_order)]
+    def queue(self, include_finished: bool = False, waiting: int | None = None) -> list[dict[str, Any]]:
+        """The jobs in queue order: those holding resources first, then by priority and age;
+        `waiting`: only the first that many of the jobs waiting (the rest are counted in
+        `cluster()["jobs"]`), for a person reading a queue of thousands."""
+        pending = self.jobs.pending()
+        if waiting is not None:  # the first `waiting` without sorting them all
+            pending = heapq.nsmallest(waiting, pending, key=_queue_order)
+        ended = self.jobs.in_states(TERMINAL) if include_finished else ()
+        jobs = sorted([*self.jobs.holding(), *pending, *ended], key=_queue_order)
+        return [self.job(j, history=False) for j in jobs]
 
     def cluster(self) -> dict[str, Any]:
         """The cluster's part of the service's `info()`: nodes, resources, jobs by state, goodput
         and queues."""
-        cycle, counts = self.cycle, {}
-        for j in self.jobs.values():
-            counts[j.state.value] = counts.get(j.state.value, 0) + 1
+        cycle = self.cycle
+        counts = {s.value: self.jobs.count(s) for s in JobState if self.jobs.count(s)}
         return {
             "resources": {"total": self.total(), "busy": self.busy()},
             "nodes": len(cycle.nodes),
@@ -78,9 +87,12 @@ class Views:
         }
 
     def exporter_snapshot(self) -> dict[str, Any]:
-        """What the Prometheus collector reads at each scrape (see monitoring/exporter.py)."""
-        jobs = []
-        for job in self.jobs.values():
+        """What the Prometheus collector reads at each scrape (see monitoring/exporter.py): a
+        view of each job that holds resources or ended within `KEEP_FINISHED_S`, and the
+        waiting jobs counted by queue, priority and state (`waiting()`), not one by one."""
+        now, jobs = time.time(), []
+        ended = (j for j in self.jobs.in_states(TERMINAL) if now - (j.finished_at or now) < KEEP_FINISHED_S)
+        for job in [*self.jobs.holding(), *ended]:
             view = self.job(job, history=False)
             live = self.live.get(job.id)
             view.update(live.snapshot() if live else {})
@@ -92,11 +104,32 @@ class Views:
         nodes = [{"id": n.id, "capacity": dict(n.capacity)} for n in self.cycle.nodes]
         return {
             "jobs": jobs,
+            "waiting": self.waiting(now),
             "nodes": nodes,
             "busy": self.busy(),
             "nodes_lost": self.cycle.nodes_lost,
             "goodput": self.cluster_goodput(time.time()),
         }
+
+    def waiting(self, now: float) -> list[dict[str, Any]]:
+        """The waiting jobs by (queue, priority, state): how many, the longest wait so far and
+        the resources they ask for together, at their full size (what Kueue exports of its
+        pending workloads per ClusterQueue: a count, not a series per workload)."""
+        groups: dict[tuple, dict[str, Any]] = {}
+        for job in self.jobs.pending():
+            key = (job.queue, job.priority, job.state.value)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = {"jobs": 0, "oldest_wait_s": 0.0, "demand": {}}
+            group["jobs"] += 1
+            group["oldest_wait_s"] = max(group["oldest_wait_s"], job.waited(now))
+            demand = group["demand"]
+            for resource, amount in job.per_worker.items():
+                demand[resource] = demand.get(resource, 0.0) + amount * job.workers
+        return [
+            {"queue": q, "priority": p, "state": state, **group}
+            for (q, p, state), group in sorted(groups.items(), key=lambda item: (item[0][0], -item[0][1]))
+        ]
 
     def mfu(self, job_id: str) -> float | None:
         live = self.live.get(job_id)
@@ -104,19 +137,24 @@ class Views:
 
     def cluster_goodput(self, now: float, since: float | None = None) -> dict:
         """Goodput over the jobs in the table (those alive after `since`), each weighted by its
-        accelerators (docs/monitoring.md)."""
+        accelerators (docs/monitoring.md). The sum over every job's ledger (0.3 s at 11,000
+        jobs) is kept for `GOODPUT_EVERY_S`: `info()` and each scrape read it."""
+        kept = self._goodput.get(since)
+        if kept is not None and 0 <= now - kept[0] < GOODPUT_EVERY_S:
+            return kept[1]
         ledgers = [
             (job.ledger, self.mfu(job.id))
             for job in self.jobs.values()
             if job.ledger is not None and (since is None or (job.finished_at or now) >= since)
         ]
-        return cluster_goodput(ledgers, now).as_dict()
+        self._goodput = {since: (now, cluster_goodput(ledgers, now).as_dict())}
+        return self._goodput[since][1]
 
     def total(self) -> dict[str, float]:
         return functools.reduce(add, (node.capacity for node in self.cycle.nodes), {})
 
     def busy(self) -> dict[str, float]:
-        held = (scale(j.per_worker, j.workers) for j in self.jobs.values() if j.state.holds_resources)
+        held = (scale(j.per_worker, j.workers) for j in self.jobs.holding())
         return functools.reduce(add, held, {})
 
     def queues(self) -> dict | None:
@@ -125,7 +163,7 @@ class Views:
         config = self.cycle.policy.queue_config
         if config is None:
             return None
-        running = [allocation(j) for j in self.jobs.values() if j.state.holds_resources]
+        running = [allocation(j) for j in self.jobs.holding()]
         use = CohortBook(config, running).report()
         for name, queue in config.queues.items():
             if name not in use:  # a hard cap, or a queue with an order only
