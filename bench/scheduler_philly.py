@@ -1,0 +1,130 @@
+"""Scheduling policies replayed on Microsoft's Philly job log, one VC at a time (issue 34).
+
+    python bench/philly.py pcs PCS_CHECKOUT /tmp/philly-vcs   # or: log cluster_job_log /tmp/philly-vcs
+    python bench/scheduler_philly.py /tmp/philly-vcs [--vcs 2869ce,e13805] [--out DIR]
+
+Every VC with at least 500 jobs (`philly.MIN_JOBS`), on its cluster (`philly.cluster_nodes`:
+the fewest 8-GPU nodes that hold its largest job at an offered load of at most 0.8), under
+`fifo`, `sjf-oracle` (exact durations: the bound for ordering alone) and `las` (no durations,
+the default LAS settings of `core.queues.LasSettings`). Writes `<out>/scheduler_philly.json`
+and `.md` with provenance and issue 34's targets per VC; a VC's table is written as soon as
+it is done, so a long run can be cut short and still leave what it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from philly import cluster_nodes, load_vcs, offered_load  # noqa: E402  (bench/ is on sys.path)
+from provenance import git_commit  # noqa: E402
+from trace_sim import SimConfig, replay  # noqa: E402
+
+POLICIES = ("fifo", "sjf-oracle", "las")
+
+
+def targets(table: dict) -> dict:
+    """Issue 34's targets for `las` (no durations) on one VC."""
+    las, fifo, sjf = table["las"], table["fifo"], table["sjf-oracle"]
+    out = {
+        "avg_jct_fifo_over_las": fifo["avg_jct_s"] / las["avg_jct_s"],  # >= 2
+        "avg_jct_las_over_sjf": las["avg_jct_s"] / sjf["avg_jct_s"],  # <= 1.3
+        "p99_jct_las_over_fifo": las["p99_jct_s"] / fifo["p99_jct_s"],  # <= 1.5
+        "preemptions_per_job": las["preemptions_per_job"],  # <= 2
+    }
+    limits = (2.0, 1.3, 1.5, 2.0)
+    met = [
+        out["avg_jct_fifo_over_las"] >= limits[0],
+        out["avg_jct_las_over_sjf"] <= limits[1],
+        out["p99_jct_las_over_fifo"] <= limits[2],
+        out["preemptions_per_job"] <= limits[3],
+    ]
+    out["met"] = all(met)
+    return out
+
+
+def render(record: dict) -> str:
+    lines = [
+        "# Scheduling policies on the Philly job log, per VC (issue 34)",
+        "",
+        f"- {record['date']}; commit `{record['commit']}`; command: `{record['command']}`",
+        f"- traces: {record['traces']}; Python {record['machine']['python']},"
+        f" {record['machine']['cpus']} CPU(s)",
+        "- JCT in hours; `sjf-oracle` gets exact durations, `fifo` and `las` none; preemption costs 60 s",
+        "- targets (las): avg JCT >= 2x better than fifo, <= 1.3x sjf-oracle's; p99 <= 1.5x fifo's;"
+        " <= 2 preemptions per job",
+        "",
+        "| VC | jobs | nodes x 8 | load | fifo avg / p99 | sjf-oracle avg / p99 | las avg / p99"
+        " | fifo/las | las/sjf | las p99/fifo p99 | preempt./job | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for vc, row in record["vcs"].items():
+        t, r = row["targets"], row["tables"]
+        cells = " | ".join(f"{r[p]['avg_jct_s'] / 3600:.1f} / {r[p]['p99_jct_s'] / 3600:.0f}" for p in POLICIES)
+        lines.append(
+            f"| {vc} | {row['jobs']} | {row['nodes']} | {row['load']:.2f} | {cells}"
+            f" | {t['avg_jct_fifo_over_las']:.2f} | {t['avg_jct_las_over_sjf']:.2f}"
+            f" | {t['p99_jct_las_over_fifo']:.2f} | {t['preemptions_per_job']:.2f} | {'yes' if t['met'] else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("traces", help="the folder `bench/philly.py` wrote")
+    parser.add_argument("--vcs", default="", help="comma-separated VCs (default: every VC of 500+ jobs)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args(argv)
+    vcs = load_vcs(args.traces)
+    if args.vcs:
+        vcs = {vc: vcs[vc] for vc in args.vcs.split(",")}
+    record = {
+        "what": "scheduling policies replayed on the Philly job log, per VC (issue 34)",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": " ".join(["python", "bench/scheduler_philly.py", *(sys.argv[1:] if argv is None else argv)]),
+        "traces": _provenance(Path(args.traces)),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "vcs": {},
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for vc, jobs in sorted(vcs.items(), key=lambda item: len(item[1])):  # the quick ones first
+        nodes = cluster_nodes(jobs)
+        print(f"== VC {vc}: {len(jobs)} jobs on {nodes} nodes x 8 GPUs", flush=True)
+        started = time.perf_counter()
+        tables = replay(jobs, SimConfig(nodes, 8), POLICIES, log=lambda line: print(line, flush=True))
+        record["vcs"][vc] = {
+            "jobs": len(jobs),
+            "nodes": nodes,
+            "load": offered_load(jobs, nodes),
+            "tables": tables,
+            "targets": targets(tables),
+            "wall_s": time.perf_counter() - started,
+        }
+        (out / "scheduler_philly.json").write_text(json.dumps(record, indent=2) + "\n")
+        (out / "scheduler_philly.md").write_text(render(record))
+    print(render(record))
+    return 0
+
+
+def _provenance(folder: Path) -> str:
+    """Where the converted traces came from: the first comment line of one, less its VC."""
+    path = sorted(folder.glob("philly-vc-*.csv"))[0]
+    vc = path.stem.removeprefix("philly-vc-")
+    source = path.read_text().splitlines()[0].split("; ", 1)[-1]
+    return f"{folder}/philly-vc-{{vc}}.csv, {source.replace(vc, '{vc}')}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
