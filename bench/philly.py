@@ -127,7 +127,9 @@ def from_pcs(checkout: str | Path, vc: str, speedups: dict[str, list[float]]) ->
             run_s = float(row["service"]) / speedups[row["model_name"]][gpus - 1]
             if abs(run_s - round(run_s)) > 1e-3:
                 raise ValueError(f"{path}, app {row['app_id']}: run time {run_s} is not whole seconds")
-            jobs.append(TraceJob(f"{vc}-{int(row['app_id']):05d}", float(row["submit_time"]), gpus, round(run_s)))
+            jobs.append(
+                TraceJob(f"{vc}-{int(row['app_id']):05d}", float(row["submit_time"]), gpus, round(run_s))
+            )
     return jobs
 
 
@@ -166,7 +168,10 @@ def write_vcs(per_vc: dict[str, list[TraceJob]], out: str | Path, source: str, c
 
 def load_vcs(folder: str | Path, min_jobs: int = MIN_JOBS) -> dict[str, list[TraceJob]]:
     """The converted VCs in `folder` with at least `min_jobs` jobs, largest first."""
-    found = {path.stem.removeprefix("philly-vc-"): read_trace(path) for path in Path(folder).glob("philly-vc-*.csv")}
+    found = {
+        path.stem.removeprefix("philly-vc-"): read_trace(path)
+        for path in Path(folder).glob("philly-vc-*.csv")
+    }
     kept = {vc: jobs for vc, jobs in found.items() if len(jobs) >= min_jobs}
     return dict(sorted(kept.items(), key=lambda item: -len(item[1])))
 
@@ -188,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         write_vcs(per_vc, args.out, f"from {args.path} ({sum(skipped.values())} jobs never ran)", command)
         return 0
     speedups = pcs_speedups(Path(args.path) / "simulation" / "models.py")
-    vcs = sorted(p.stem.removeprefix("trace_") for p in (Path(args.path) / "simulation" / "traces").glob("trace_*.csv"))
+    vcs = sorted(
+        p.stem.removeprefix("trace_") for p in (Path(args.path) / "simulation" / "traces").glob("trace_*.csv")
+    )
     per_vc = {vc: from_pcs(args.path, vc, speedups) for vc in vcs}
     origin = args.origin or args.path
     write_vcs(per_vc, args.out, f"via PCS' extraction {origin}/simulation/traces/trace_{{vc}}.csv", command)

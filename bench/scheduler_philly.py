@@ -70,11 +70,14 @@ def render(record: dict) -> str:
     ]
     for vc, row in record["vcs"].items():
         t, r = row["targets"], row["tables"]
-        cells = " | ".join(f"{r[p]['avg_jct_s'] / 3600:.1f} / {r[p]['p99_jct_s'] / 3600:.0f}" for p in POLICIES)
+        cells = " | ".join(
+            f"{r[p]['avg_jct_s'] / 3600:.1f} / {r[p]['p99_jct_s'] / 3600:.0f}" for p in POLICIES
+        )
         lines.append(
             f"| {vc} | {row['jobs']} | {row['nodes']} | {row['load']:.2f} | {cells}"
             f" | {t['avg_jct_fifo_over_las']:.2f} | {t['avg_jct_las_over_sjf']:.2f}"
-            f" | {t['p99_jct_las_over_fifo']:.2f} | {t['preemptions_per_job']:.2f} | {'yes' if t['met'] else 'no'} |"
+            f" | {t['p99_jct_las_over_fifo']:.2f} | {t['preemptions_per_job']:.2f}"
+            f" | {'yes' if t['met'] else 'no'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -92,9 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         "what": "scheduling policies replayed on the Philly job log, per VC (issue 34)",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
-        "command": " ".join(["python", "bench/scheduler_philly.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": " ".join(
+            ["python", "bench/scheduler_philly.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "traces": _provenance(Path(args.traces)),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "vcs": {},
     }
     out = Path(args.out)

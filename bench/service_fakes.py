@@ -29,7 +29,7 @@ class FakeRunner:
     def __init__(self):
         self.status: dict[str, str] = {}
 
-    def launch(self, job_id: str, attempt: int, package_uri: str, metadata: dict) -> str:
+    def launch(self, job_id: str, attempt: int, package_uri: str, metadata: dict, placement: dict) -> str:
         sid = submission_id(job_id, attempt)
         self.status[sid] = "RUNNING"
         return sid
