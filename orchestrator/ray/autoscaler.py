@@ -102,3 +102,4 @@ def detected_config(gcs_address: str | None = None) -> dict | None:
     except ConfigError as err:
         log.warning("autoscaler config not used: %s", err)
         return None
+

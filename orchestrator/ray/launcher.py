@@ -37,14 +37,6 @@ log = logging.getLogger("orchestrator")
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's built-in label: every node carries its own id
 
 
-def driver_node(placement: dict[str, int]) -> str | None:
-    """The node a job's control runs on (its driver, the run's state actor and Ray Train's
-    controller): the one with the most of its workers (rank 0's on a tie)."""
-    if not placement:
-        return None
-    return max(sorted(placement), key=lambda node: placement[node])
-
-
 def label_selectors(placement: dict[str, int]) -> list[dict[str, str]]:
     """One selector per worker from {node id: workers on it}."""
     return [{NODE_ID_LABEL: node} for node, count in sorted(placement.items()) for _ in range(count)]
@@ -108,9 +100,10 @@ class RunHandle:
 
         self.spec, self.run, self.placement = spec, run, placement
         # the run's state actor, which runs fit() (so Ray Train's controller is there too), lives
-        # on the job's own node where the service placed it, else on the driver's
-        node = driver_node(placement or {}) or ray.get_runtime_context().get_node_id()
-        here = NodeAffinitySchedulingStrategy(node, soft=False)
+        # on the driver's node: Ray Train's controllers create the cluster's one detached
+        # AutoscalingCoordinator where they run, and it must not pin a worker node
+        # (docs/scaling.md#the-control-planes-cost-per-job)
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         self.state = RunState.options(scheduling_strategy=here).remote()
         self._result = self.state.fit.remote(functools.partial(trainer, spec, run, placement=placement))
         self._outcome: Outcome | None = None  # read before an abort ends the actor

@@ -20,7 +20,9 @@ from orchestrator.ray.node_health import HealthChecks
 class Runner(Protocol):
     """Drivers started, watched and stopped (`runner.JobRunner`: Ray's Jobs API)."""
 
-    def launch(self, job_id: str, attempt: int, package_uri: str, metadata: dict) -> str: ...
+    def launch(
+        self, job_id: str, attempt: int, package_uri: str, metadata: dict, placement: dict[str, int]
+    ) -> str: ...
 
     def stop(self, sid: str) -> None: ...
 
