@@ -5,6 +5,7 @@
                                                                     |  Policy (policy/policy.py, pure)
                                                                     |  Lifecycle (lifecycle.py)
                                                                     |  Store (store.py: job files)
+                                                                    |  JobTable (table.py: jobs by state)
                                                                     |  JobRunner (Ray Jobs API)
                                                                     |  progress.py (drivers' reports)
                                                                     |  Health (health.py: hangs, stragglers)

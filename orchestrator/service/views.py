@@ -141,14 +141,14 @@ class Views:
         jobs) is kept for `GOODPUT_EVERY_S`: `info()` and each scrape read it."""
         kept = self._goodput.get(since)
         if kept is not None and 0 <= now - kept[0] < GOODPUT_EVERY_S:
-            return kept[1]
+            return dict(kept[1])  # a copy: the caller's to change
         ledgers = [
             (job.ledger, self.mfu(job.id))
             for job in self.jobs.values()
             if job.ledger is not None and (since is None or (job.finished_at or now) >= since)
         ]
         self._goodput = {since: (now, cluster_goodput(ledgers, now).as_dict())}
-        return self._goodput[since][1]
+        return dict(self._goodput[since][1])
 
     def total(self) -> dict[str, float]:
         return functools.reduce(add, (node.capacity for node in self.cycle.nodes), {})
