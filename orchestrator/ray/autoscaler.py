@@ -102,4 +102,3 @@ def detected_config(gcs_address: str | None = None) -> dict | None:
     except ConfigError as err:
         log.warning("autoscaler config not used: %s", err)
         return None
-
