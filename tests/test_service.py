@@ -30,8 +30,17 @@ from tests.ray_cluster import list_actors
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
 
 
+# What the service saw rather than did: a loaded runner can make a rank lag (`on_straggler: warn`).
+OBSERVATIONS = {"straggler", "autoscaler-requested"}
+
+
 def events(job: dict) -> list[str]:
     return [e["event"] for e in job["history"]]
+
+
+def lifecycle(job: dict) -> list[str]:
+    """The job's history without the service's observations."""
+    return [e for e in events(job) if e not in OBSERVATIONS]
 
 
 def when(job: dict, event: str, nth: int = 0) -> float:
@@ -238,7 +247,7 @@ def test_the_queue_survives_the_service_actor_dying(service):
     assert json.loads(lease.read_text())["generation"] == generation + 1, "the service did not come back"
     job = service.done(job_id)
     assert job["attempt"] == 1 and job["step"] == 1500  # the driver ran on through it
-    assert events(job) == ["queued", "admitted", "running", "succeeded"]
+    assert lifecycle(job) == ["queued", "admitted", "running", "succeeded"]
 
 
 @pytest.mark.timeout(600)
