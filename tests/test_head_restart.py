@@ -93,7 +93,7 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
     try:
         svc.up()
         serving = True
-        trains = svc.submit("checkpoint.every_steps=200", steps=1200, name="trains")
+        trains = svc.submit("checkpoint.every_steps=200", steps=3000, name="trains")
         waits = svc.submit("resources.num_workers=1", steps=30, name="waits")  # no room beside it
         svc.wait(trains, lambda j: j["state"] == "running", what="running")
         deadline = time.time() + 120  # until its metrics log (flushed every few seconds) has step 500
@@ -131,7 +131,7 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
         assert events(first).count("node-lost") == 1 and first["attempt"] == 2 and second["attempt"] == 1
         assert when(second, "admitted") >= when(first, "succeeded")  # the queue's order held
         steps = train_steps(f"{svc.runs}/trains")
-        assert steps == list(range(5, 1201, 5))  # each step once in the log: the lost ones were redone
+        assert steps == list(range(5, 3001, 5))  # each step once in the log: the lost ones were redone
         print(
             f"head lost without Redis: resumed at step {saved} (trained to >= {trained}); "
             f"the next up -> training again {when(first, 'running', 1) - back_at:.1f} s; "

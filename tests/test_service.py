@@ -119,10 +119,10 @@ def assert_one_control_actor_per_run_on_the_jobs_own_node(service, job: dict) ->
 
 @pytest.mark.timeout(600)
 def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(service):
-    # long enough to be preempted while it trains, not while it starts (it stops within ~200 steps);
+    # long enough (about 20 s of training) to be preempted while it trains, not while it starts;
     # its checkpoints on S3: the one it stops at must be durable before it resumes from it
     runs = service.s3.uri("preemption")
-    low = service.submit("scheduling.preemptible=true", f"checkpoint.storage={runs}", name="low", steps=1000)
+    low = service.submit("scheduling.preemptible=true", f"checkpoint.storage={runs}", name="low", steps=3000)
     running = service.wait(low, lambda j: j["state"] == "running", what="running")
     assert_one_control_actor_per_run_on_the_jobs_own_node(service, running)
     high = service.submit(name="high", priority=10, steps=10)
@@ -133,11 +133,11 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
     assert preempted["acknowledged"] is True and preempted["steps_lost"] == 0
     assert when(h, "admitted") >= when(lo, "preempted")
     assert when(lo, "admitted", 1) >= when(h, "succeeded")
-    assert lo["step"] == 1000 and lo["attempt"] == 2
-    assert 0 < preempted["step"] < 1000  # it stopped mid-run
+    assert lo["step"] == 3000 and lo["attempt"] == 2
+    assert 0 < preempted["step"] < 3000  # it stopped mid-run
     assert lo["summary"]["resumed_from_step"] == preempted["step"]  # from its checkpoint on S3
     steps = train_steps(f"{runs}/low")
-    assert steps == list(range(5, 1001, 5))  # each step once, across the preemption
+    assert steps == list(range(5, 3001, 5))  # each step once, across the preemption
     status = service.cli("status", low)
     assert "preempted (step" in status.stdout and "steps lost: 0" in status.stdout
     # the handshake is time spent stopping, the wait for the high job queued again; nothing lost
