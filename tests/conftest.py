@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,21 @@ def s3():
         restore(previous)
 
 
+FAULTS_ENV = "ORCHESTRATOR_TEST_FAULTS"  # workers/faults.py
+
+
+@pytest.fixture(scope="session", autouse=True)
+def faults_folder(tmp_path_factory):
+    """Where tests put the faults they inject into their jobs (workers/faults.py): every
+    cluster started in the session inherits it."""
+    folder = tmp_path_factory.mktemp("faults")
+    os.environ[FAULTS_ENV] = str(folder)
+    try:
+        yield folder
+    finally:
+        os.environ.pop(FAULTS_ENV, None)
+
+
 @pytest.fixture(scope="session")
 def ray_head(s3):  # its processes inherit the S3 server's endpoint and credentials
     head = start_ray_head()
@@ -82,7 +98,6 @@ def ray_head(s3):  # its processes inherit the S3 server's endpoint and credenti
 
 
 SERVICE_SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
-FAULTS_ENV = "ORCHESTRATOR_TEST_FAULTS"  # workers/faults.py
 
 
 class Service:
@@ -93,6 +108,18 @@ class Service:
     def __init__(self, head, home: Path, store: Path, runs: Path, s3=None):
         self.head, self.home, self.store, self.runs, self.s3 = head, home, store, runs, s3
         self.env = {**head.env, "ORCHESTRATOR_HOME": str(home)}
+        self.faults = Path(os.environ[FAULTS_ENV])  # the session's (faults_folder)
+
+    def paced(self, name: str, seconds: float = 0.1) -> str:
+        """Job `name` trains a step per `seconds` at most until `release(name)`: still running
+        when the test acts on it, whatever the machine's pace; then it ends soon."""
+        (self.faults / f"{name}.go").unlink(missing_ok=True)
+        (self.faults / name).write_text(f"paced={seconds}\n")
+        return name
+
+    def release(self, name: str) -> None:
+        """Job `name`, paced, trains at full speed from now on."""
+        (self.faults / f"{name}.go").touch()
 
     def cli(self, *args, timeout=240):
         return run_cli(*args, env=self.env, timeout=timeout)
@@ -163,12 +190,24 @@ class Service:
         while time.time() < deadline:
             job = self._read(job_id)
             if job is not None:
-                if predicate(job):
+                if predicate(job) or predicate(job := self._with_live_step(job)):
                     return job
                 if job["state"] in ("failed", "stopped") and "failed" not in what:
                     raise AssertionError(f"{job_id} {job['state']}: {job.get('reason')}")
             time.sleep(0.5)
         raise AssertionError(f"{job_id}: timed out waiting for {what or predicate}: {self.job(job_id)}")
+
+    def _with_live_step(self, job: dict) -> dict:
+        """The stored record with the step the service holds now: its store saves a step that
+        only moves every 10 s (orchestrator/service/lifecycle.py), the rest at once."""
+        try:
+            page = json.loads((self.home / "cluster.json").read_text())["status_page"]
+            with urllib.request.urlopen(f"{page.rstrip('/')}/api/jobs/{job['id']}", timeout=10) as reply:
+                live = json.load(reply)
+        except (OSError, ValueError, KeyError):  # no service up just now: the store's record
+            return job
+        same = live.get("state") == job["state"] and live.get("attempt") == job.get("attempt")
+        return {**job, "step": live["step"]} if same and "step" in live else job
 
     def done(self, job_id: str, timeout=300) -> dict:
         return self.wait(job_id, lambda j: j["state"] == "succeeded", timeout, "success")
@@ -184,13 +223,8 @@ GROW_AFTER_S = 5.0  # an elastic job grows back soon after room frees (the produ
 def service(tmp_path_factory, s3):
     tmp = tmp_path_factory.mktemp("service")
     cpus, slots = SERVICE_NODES["head"]
-    # faults a test injects into its job (workers/faults.py): the cluster's processes inherit it
-    faults = tmp / "faults"
-    faults.mkdir()
-    os.environ[FAULTS_ENV] = str(faults)
     head = start_ray_head(num_cpus=cpus, resources={"slot": slots})  # Ray's own health checks
     svc = Service(head, tmp / "home", tmp / "store", tmp / "runs", s3)
-    svc.faults = faults
     svc.local = tmp / "local"  # each worker node's own disk
     svc.local.mkdir()
     head.private_disks = [str(svc.local)]
@@ -207,7 +241,6 @@ def service(tmp_path_factory, s3):
     finally:
         svc.cli("down", timeout=60)
         stop_ray_head(head)
-        os.environ.pop(FAULTS_ENV, None)
 
 
 def pytest_terminal_summary(terminalreporter):

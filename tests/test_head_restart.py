@@ -61,18 +61,21 @@ def test_a_gcs_restart_with_redis_loses_no_job_and_runs_none_twice(ft_service):
     svc = ft_service
     info = json.loads((svc.home / "cluster.json").read_text())
     assert info["address"] == svc.head.address
-    trains = svc.submit("checkpoint.every_steps=400", steps=1200, name="trains")
+    name = svc.paced("trains", 0.05)  # still training when the GCS goes down and comes back
+    trains = svc.submit("checkpoint.every_steps=400", steps=600, name=name)
     # no room beside it; once it ends, the two fit together
     waiting = [svc.submit("resources.num_workers=1", steps=30, name=f"waits-{i}") for i in range(2)]
-    svc.wait(trains, lambda j: j["state"] == "running" and j["step"] >= 200, what="step 200")
+    svc.wait(trains, lambda j: j["state"] == "running" and j["step"] >= 100, what="step 100")
     killed_at, restarted_at = restart_gcs(svc.head, down_s=3.0)
+    assert svc.job(trains)["state"] == "running"
+    svc.release(name)
 
     done = [svc.done(job_id, timeout=400) for job_id in (trains, *waiting)]
     for job in done:  # each ran once: one admission, one attempt, nothing lost
         assert events(job).count("admitted") == 1 and job["attempt"] == 1, job["history"]
         assert job["steps_lost"] == 0
     steps = [r["step"] for r in read_metrics(str(svc.runs / "trains")) if "loss" in r]
-    assert steps == list(range(5, 1201, 5))  # every step once: training never stopped
+    assert steps == list(range(5, 601, 5))  # every step once: training never stopped
     # the queue moved on after the restart: the waiting jobs were admitted once the first ended
     assert all(when(job, "admitted") >= when(done[0], "succeeded") for job in done[1:])
     records = read_metrics(str(svc.runs / "trains"))
@@ -93,11 +96,12 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
     try:
         svc.up()
         serving = True
-        trains = svc.submit("checkpoint.every_steps=200", steps=3000, name="trains")
+        name = svc.paced("trains-on-s3", 0.02)  # still training when the head dies
+        trains = svc.submit("checkpoint.every_steps=200", steps=1000, name=name)
         waits = svc.submit("resources.num_workers=1", steps=30, name="waits")  # no room beside it
         svc.wait(trains, lambda j: j["state"] == "running", what="running")
         deadline = time.time() + 120  # until its metrics log (flushed every few seconds) has step 500
-        while not (steps := logged_steps(f"{svc.runs}/trains")) or steps[-1] < 500:
+        while not (steps := logged_steps(f"{svc.runs}/{name}")) or steps[-1] < 500:
             assert time.time() < deadline, "no step 500 in the metrics log"
             time.sleep(0.5)
         # the head machine dies: every process of the cluster at once, the service among them
@@ -111,9 +115,9 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
         running = [p for p in machine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not processes_of(heads[0]) and not running
         saved = max(
-            checkpoint_step(c) for c in checkpoints(f"{svc.runs}/trains") if incomplete_reason(c) is None
+            checkpoint_step(c) for c in checkpoints(f"{svc.runs}/{name}") if incomplete_reason(c) is None
         )
-        trained = train_steps(f"{svc.runs}/trains")[-1]  # the log is flushed every few seconds
+        trained = train_steps(f"{svc.runs}/{name}")[-1]  # the log is flushed every few seconds
         stored = {job_id: svc.job(job_id)["state"] for job_id in (trains, waits)}
         assert stored == {trains: "running", waits: "queued"}  # the store kept the queue as it was
         assert s3.files("head-lost", "store", "packages", trains)  # the project it runs, in the bucket
@@ -123,6 +127,7 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
         svc.head, svc.env = heads[1], {**heads[1].env, "ORCHESTRATOR_HOME": str(svc.home)}
         svc.up()
         serving, back_at = True, time.time()
+        svc.release(name)
         first, second = svc.done(trains, timeout=300), svc.done(waits, timeout=300)
         assert first["summary"]["resumed_from_step"] == saved >= 400  # its newest complete checkpoint
         assert trained - saved <= 200 and first["steps_lost"] <= 200  # at most the checkpoint interval
@@ -130,8 +135,8 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
         # started again by a new driver, once; the waiting job ran once, after it
         assert events(first).count("node-lost") == 1 and first["attempt"] == 2 and second["attempt"] == 1
         assert when(second, "admitted") >= when(first, "succeeded")  # the queue's order held
-        steps = train_steps(f"{svc.runs}/trains")
-        assert steps == list(range(5, 3001, 5))  # each step once in the log: the lost ones were redone
+        steps = train_steps(f"{svc.runs}/{name}")
+        assert steps == list(range(5, 1001, 5))  # each step once in the log: the lost ones were redone
         print(
             f"head lost without Redis: resumed at step {saved} (trained to >= {trained}); "
             f"the next up -> training again {when(first, 'running', 1) - back_at:.1f} s; "

@@ -55,21 +55,23 @@ def test_las_preempts_a_long_job_for_a_short_one_and_neither_loses_a_step(servic
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "queue lab (las): no quota" in show(service)
     # neither is preemptible: order `las` is the queue's consent to LAS preemption
-    long = service.submit("scheduling.queue=lab", name="las-long", steps=4000)
+    name = service.paced("las-long")  # still training when the short job comes
+    long = service.submit("scheduling.queue=lab", name=name, steps=600)
     service.wait(long, lambda j: j["state"] == "running" and j["step"] >= 50, what="progress")
     submitted = time.time()
     short = service.submit("scheduling.queue=lab", name="las-short", steps=30)
     s = service.done(short)
+    service.release(name)
     lo = service.done(long)
     preempted_once_without_loss(lo, victim_for=short)
     assert when(s, "admitted") >= when(lo, "preempted")  # it waited for the checkpoint only
     assert when(lo, "admitted", 1) >= when(s, "succeeded")  # level 1 does not preempt level 0
     assert events(s).count("admitted") == 1
-    assert lo["step"] == 4000 and lo["attempt"] == 2 and lo["user"] == s["user"] != "unknown"
+    assert lo["step"] == 600 and lo["attempt"] == 2 and lo["user"] == s["user"] != "unknown"
     # its service over both attempts, from admission to each attempt's end, x 2 workers
     held = (when(lo, "preempted") - when(lo, "admitted")) + (when(lo, "succeeded") - when(lo, "admitted", 1))
     assert lo["attained_s"] == pytest.approx(2 * held, rel=0.01)
-    assert train_steps(service.runs / "las-long") == list(range(5, 4001, 5))  # each step once
+    assert train_steps(service.runs / "las-long") == list(range(5, 601, 5))  # each step once
     assert train_steps(service.runs / "las-short") == list(range(5, 31, 5))
     print(
         f"LAS: short job admitted {when(s, 'admitted') - submitted:.1f} s after its submission "
@@ -90,10 +92,12 @@ def test_a_lender_reclaims_its_nominal_quota_from_a_borrower_which_resumes_later
     assert queues(config).returncode == 0
     one = ("resources.num_workers=1", "scheduling.queue=borrower", "scheduling.preemptible=true")
     # the first borrower trains until the test stops it: it must hold its slot through the
-    # reclaim whatever the machine's pace (a quiet 2-core runner trains 4,000 steps in 50 s)
+    # reclaim whatever the machine's pace (a quiet 2-core runner trains 4,000 steps in 50 s);
+    # the second is paced until the lender's job has run
     first = service.submit(*one, name="borrow-1", steps=10**6)
     service.wait(first, lambda j: j["state"] == "running", what="running")
-    second = service.submit(*one, name="borrow-2", steps=4000)  # beyond its nominal quota: borrows
+    name = service.paced("borrow-2")
+    second = service.submit(*one, name=name, steps=600)  # beyond its nominal quota: borrows
     service.wait(second, lambda j: j["state"] == "running" and j["step"] >= 50, what="progress")
     lines = show(service)
     assert "queue borrower (cohort lab): 2/1 slot; borrows 1 slot" in lines, lines
@@ -103,6 +107,7 @@ def test_a_lender_reclaims_its_nominal_quota_from_a_borrower_which_resumes_later
     submitted = time.time()
     lender = service.submit("scheduling.queue=lender", name="lend-1", steps=30)  # 2 slots: its nominal
     done = service.done(lender)
+    service.release(name)
     b2 = service.done(second)
     b1 = service.job(first)
     assert service.cli("stop", first, "--now").returncode == 0
@@ -113,7 +118,7 @@ def test_a_lender_reclaims_its_nominal_quota_from_a_borrower_which_resumes_later
     assert when(done, "admitted") >= when(b2, "preempted")
     # it came back only into the slot that came free when the lender's job ended
     assert when(b2, "admitted", 1) >= when(done, "succeeded")
-    assert b2["step"] == 4000 and train_steps(service.runs / "borrow-2") == list(range(5, 4001, 5))
+    assert b2["step"] == 600 and train_steps(service.runs / "borrow-2") == list(range(5, 601, 5))
     freed = when(done, "succeeded")
     print(
         f"reclaim: lender job admitted {when(done, 'admitted') - submitted:.1f} s after its submission, "

@@ -113,31 +113,41 @@ def assert_one_control_actor_per_run_on_the_jobs_own_node(service, job: dict) ->
     node = driver_node(job["placement"])
     (state,), (controller,) = alive("RunState"), alive("TrainController")
     assert state["node_id"] == controller["node_id"] == node, (state, controller, job["placement"])
-    for name in ("TrainingRun", "PlacementGroupCleaner", "PreemptionWatcher", "AutoscalingCoordinator"):
+    for name in (
+        "TrainingRun",
+        "PlacementGroupCleaner",
+        "PreemptionWatcher",
+        "AutoscalingCoordinator",
+        "DatasetManager",
+    ):
         assert alive(name) == [], name
 
 
 @pytest.mark.timeout(600)
 def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(service):
-    # long enough (about 20 s of training) to be preempted while it trains, not while it starts;
-    # its checkpoints on S3: the one it stops at must be durable before it resumes from it
+    # paced until the high job has run, so it is preempted while it trains, not while it starts
+    # nor after its end; its checkpoints on S3: the one it stops at must be durable before it
+    # resumes from it
     runs = service.s3.uri("preemption")
-    low = service.submit("scheduling.preemptible=true", f"checkpoint.storage={runs}", name="low", steps=3000)
+    name = service.paced("low")
+    low = service.submit("scheduling.preemptible=true", f"checkpoint.storage={runs}", name=name, steps=600)
     running = service.wait(low, lambda j: j["state"] == "running", what="running")
     assert_one_control_actor_per_run_on_the_jobs_own_node(service, running)
     high = service.submit(name="high", priority=10, steps=10)
-    h, lo = service.done(high), service.done(low)
+    h = service.done(high)
+    service.release(name)
+    lo = service.done(low)
     # the low job stopped at a step, checkpointed it, made way, and resumed from exactly there
     assert lo["preemptions"] == 1 and lo["steps_lost"] == 0
     preempted = next(e for e in lo["history"] if e["event"] == "preempted")
     assert preempted["acknowledged"] is True and preempted["steps_lost"] == 0
     assert when(h, "admitted") >= when(lo, "preempted")
     assert when(lo, "admitted", 1) >= when(h, "succeeded")
-    assert lo["step"] == 3000 and lo["attempt"] == 2
-    assert 0 < preempted["step"] < 3000  # it stopped mid-run
+    assert lo["step"] == 600 and lo["attempt"] == 2
+    assert 0 < preempted["step"] < 600  # it stopped mid-run
     assert lo["summary"]["resumed_from_step"] == preempted["step"]  # from its checkpoint on S3
     steps = train_steps(f"{runs}/low")
-    assert steps == list(range(5, 3001, 5))  # each step once, across the preemption
+    assert steps == list(range(5, 601, 5))  # each step once, across the preemption
     status = service.cli("status", low)
     assert "preempted (step" in status.stdout and "steps lost: 0" in status.stdout
     # the handshake is time spent stopping, the wait for the high job queued again; nothing lost
@@ -241,21 +251,25 @@ def _kill_service_actor(service) -> None:
 def test_the_queue_survives_the_service_actor_dying(service):
     lease = service.store / "service.json"
     generation = json.loads(lease.read_text())["generation"]
-    job_id = service.submit(name="through-restart", steps=1500)
+    name = service.paced("through-restart")  # still training when the service is back
+    job_id = service.submit(name=name, steps=600)
     service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 50, what="progress")
     _kill_service_actor(service)  # Ray restarts it; it reloads the queue from its store
     deadline = time.time() + 120
     while json.loads(lease.read_text())["generation"] == generation and time.time() < deadline:
         time.sleep(0.5)
     assert json.loads(lease.read_text())["generation"] == generation + 1, "the service did not come back"
+    assert service.job(job_id)["state"] == "running"
+    service.release(name)
     job = service.done(job_id)
-    assert job["attempt"] == 1 and job["step"] == 1500  # the driver ran on through it
+    assert job["attempt"] == 1 and job["step"] == 600  # the driver ran on through it
     assert lifecycle(job) == ["queued", "admitted", "running", "succeeded"]
 
 
 @pytest.mark.timeout(600)
 def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(service):
-    job_id = service.submit("checkpoint.every_steps=100", name="survivor", steps=1500)
+    name = service.paced("survivor")  # still training when its driver dies
+    job_id = service.submit("checkpoint.every_steps=50", name=name, steps=600)
     # `orchestrator logs --follow` with the id submit printed follows the job across its drivers
     follower = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "logs", "--follow", job_id],
@@ -265,7 +279,7 @@ def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(ser
         stderr=subprocess.PIPE,
         text=True,
     )
-    job = service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 150, what="progress")
+    job = service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 75, what="progress")
     ray = str(Path(sys.executable).parent / "ray")
     stop = subprocess.run(
         [ray, "job", "stop", "--address", service.head.dashboard, "--no-wait", job["submission_id"]],
@@ -275,15 +289,16 @@ def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(ser
         timeout=120,
     )  # SIGTERM to the driver, as a crash would end it
     assert stop.returncode == 0, stop.stderr
+    service.release(name)
     job = service.done(job_id, timeout=400)
     assert "driver-exited" in events(job) and job["attempt"] == 2
-    assert job["step"] == 1500
+    assert job["step"] == 600
     # the second attempt resumed from its newest complete checkpoint, not from scratch
     resumed = job["summary"]["resumed_from_step"]
-    assert resumed >= 100 and resumed % 100 == 0
+    assert resumed >= 50 and resumed % 50 == 0
     assert job["summary"]["resumed_from"]["checkpoint"].endswith(f"checkpoint_{resumed:08d}")
     steps = train_steps(service.runs / "survivor")
-    assert steps == list(range(5, 1501, 5))  # each step once
+    assert steps == list(range(5, 601, 5))  # each step once
     # the steps trained past the checkpoint it resumed from, and the restart, are lost time
     assert ledger_of(job)["lost"] > 0, job["ledger"]
     out, err = follower.communicate(timeout=120)
@@ -302,8 +317,9 @@ def test_a_rank_killed_with_every_node_answering_is_requeued_without_spending_ma
     collectives although no node died: the service requeues it from its newest complete
     checkpoint, counted against fault_tolerance.max_infrastructure_failures, not max_failures
     (0 here, so Ray Train itself gives up at once)."""
-    job_id = service.submit("checkpoint.every_steps=100", name="worker-kill", steps=1500)
-    service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 150, what="progress")
+    name = service.paced("worker-kill")  # still training when its rank is killed
+    job_id = service.submit("checkpoint.every_steps=50", name=name, steps=600)
+    service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 75, what="progress")
     deadline, victim = time.time() + 60, None
     while victim is None and time.time() < deadline:  # the driver names its workers in its log
         found = re.search(
@@ -313,14 +329,15 @@ def test_a_rank_killed_with_every_node_answering_is_requeued_without_spending_ma
     assert victim is not None and b"ray::" in Path(f"/proc/{victim}/cmdline").read_bytes()
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
+    service.release(name)
     job = service.done(job_id, timeout=400)
     failure = next(e for e in job["history"] if e["event"] == "infrastructure-failure")
     assert failure["count"] == "1 of 5" and "rank 1" in failure["reason"], failure
     assert job["attempt"] == 2 and job["infrastructure_failures"] == 1 and "node-lost" not in events(job)
     assert job["summary"]["restarts"] == 0  # Ray Train never restarted it: max_failures unspent
     assert job["summary"]["resumed_from_step"] == failure["step"] - failure["steps_lost"]
-    assert 0 <= failure["steps_lost"] <= 100  # at most the checkpoint interval
-    assert train_steps(service.runs / "worker-kill") == list(range(5, 1501, 5))  # each step once
+    assert 0 <= failure["steps_lost"] <= 50  # at most the checkpoint interval
+    assert train_steps(service.runs / "worker-kill") == list(range(5, 601, 5))  # each step once
     spent = ledger_of(job)
     assert spent["lost"] > 0 and spent["training"] > 0  # the steps past the checkpoint, and the restart
     print(f"rank killed: requeued {when(job, 'infrastructure-failure') - killed_at:.1f} s after the kill")
@@ -335,6 +352,8 @@ def test_a_sweep_queues_one_job_per_trial_and_ranks_them(service):
         "train.steps=10",
         "--set",
         "resources.custom_per_worker.slot=1",
+        "--set",
+        "resources.num_workers=1",  # the three trials fit side by side
         "--set",
         f"checkpoint.storage={service.runs}",
     )

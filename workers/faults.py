@@ -10,6 +10,10 @@ file there reads its faults from it, one `key=value` a line:
     slow_node=1:0.05       a slow machine: the node rank 1 first runs on (kept in the file
                            `<job name>.slow-node` beside this one) is slow for good, and whichever
                            rank runs there, in any attempt, sleeps 0.05 s in every step's compute
+    paced=0.1              every rank sleeps 0.1 s in each step until the test writes
+                           `<job name>.go` beside this file, then trains at full speed (any
+                           attempt): a job that is surely still running when the test acts on
+                           it, whatever the machine's pace, and then ends soon
 
 Nothing in the product sets the variable, and the spec has no setting for it. The run's entry
 point (`workers.run.train`) attaches them with `attach_from_env`, from outside the loop.
@@ -70,9 +74,12 @@ def attach_from_env(trainer) -> None:
     if "slow_node" in faults:
         rank, seconds = faults["slow_node"].split(":")
         slow = float(seconds) if _on_slow_node(job_name, int(rank) == ctx.rank) else None
+    inner = getattr(trainer.model, "module", trainer.model)
     if slow is not None:
-        inner = getattr(trainer.model, "module", trainer.model)
         inner.register_forward_pre_hook(lambda module, args: _slow_compute(slow))
+    if "paced" in faults:
+        go = Path(os.environ[ENV], f"{job_name}.go")
+        inner.register_forward_pre_hook(_paced(float(faults["paced"]), go))
 
 
 def _on_slow_node(job_name: str, chooses: bool) -> bool:
@@ -85,6 +92,19 @@ def _on_slow_node(job_name: str, chooses: bool) -> bool:
     if not memory.exists() and chooses:
         memory.write_text(here)
     return memory.exists() and memory.read_text().strip() == here
+
+
+def _paced(seconds: float, go: Path):
+    """A forward hook that sleeps `seconds` until `go` exists."""
+    released = False
+
+    def hook(module, args) -> None:
+        nonlocal released
+        released = released or go.exists()
+        if not released:
+            time.sleep(seconds)
+
+    return hook
 
 
 def _slow_compute(seconds: float) -> None:

@@ -85,8 +85,8 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
 
 
 def trainer_class():
-    """Ray Train's `TorchTrainer` less two things it starts for every run that the product does
-    without (tests/test_service.py checks neither runs):
+    """Ray Train's `TorchTrainer` less three things it starts for every run that the product
+    does without (tests/test_service.py checks none runs):
 
     - the PlacementGroupCleaner, a detached actor pinned to the head node (100-300 MiB there per
       running job: docs/scaling.md) that removes the run's placement groups if the run's
@@ -97,10 +97,14 @@ def trainer_class():
       pins there for good (a worker node the autoscaler then never finds idle), and whose
       requests replace the one the service keeps standing for its queue. The service admits a
       run only onto nodes that are there, and asks the autoscaler for what the queue needs.
+    - the DatasetManager, an actor (a process of its own, ~200 MiB, ~1-2 s of CPU to start) that
+      splits Ray Data datasets between the workers: started for every run, datasets or none.
+      The workers read their data themselves (workers/data/); no run passes Ray datasets.
 
-    Ray Train has no switch for either: the trainer's default callbacks are filtered and its
+    Ray Train has no switch for any: the trainer's default callbacks are filtered and its
     fixed-size policy is given without the requests."""
     from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
     from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 
@@ -117,7 +121,8 @@ def trainer_class():
     class Trainer(TorchTrainer):
         def _create_default_callbacks(self):
             defaults = super()._create_default_callbacks()
-            return [c for c in defaults if not isinstance(c, PlacementGroupCleanerCallback)]
+            unused = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
+            return [c for c in defaults if not isinstance(c, unused)]
 
         def _initialize_and_run_controller(self, **kwargs):
             kwargs["scaling_policy"] = FixedSizeWithoutAutoscalerRequests(self.scaling_config)
