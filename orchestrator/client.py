@@ -12,6 +12,11 @@ Actor calls are retried while Ray restarts the service actor (a restart reloads 
 the store within seconds); an error the service raises on purpose (an unknown job, a job too
 big for the cluster) becomes a `ServiceError` with the service's one-line message.
 
+Who is calling: the caller's own token (`caller_token`: $ORCHESTRATOR_TOKEN, else the file
+`orchestrator login` wrote), sent with every HTTP request as `Authorization: Bearer` and
+handed to the service's user calls; the service derives the user and team from it, never from
+what the request says (`orchestrator/service/tenants.py`, docs/security.md).
+
 Imports neither Ray nor torch at module level (the HTTP way in needs neither), nor the service
 actor's module: the names the actor is registered under live here, and it imports them.
 """
@@ -35,7 +40,39 @@ SERVICE_NAME = "orchestrator"  # the service actor's name, in its namespace
 NAMESPACE = "orchestrator"
 
 TIMEOUT_S = 5.0
+TOKEN_ENV = "ORCHESTRATOR_TOKEN"  # the caller's token, as kubectl and Ray read theirs from the environment
+TOKEN_PREFIX = "orch_"  # every user token starts so (the service makes them: service/tenants.py)
+MAX_TOKEN_CHARS = 256  # longer is not one of ours
 SUBMIT_TIMEOUT_S = 120.0  # a large project directory travels in the request
+
+
+# -- who is calling ------------------------------------------------------------------------------
+
+
+def token_path() -> Path:
+    """The file `orchestrator login` keeps the caller's token in (mode 0600), beside the
+    CLI's other state: $ORCHESTRATOR_HOME, else ~/.orchestrator."""
+    from orchestrator.ray import cluster
+
+    return cluster.home() / "token"
+
+
+def caller_token() -> str | None:
+    """The caller's token: $ORCHESTRATOR_TOKEN, else the file `orchestrator login` wrote; None
+    without either (then a service on loopback takes the caller for its local admin)."""
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        return token
+    try:
+        return token_path().read_text().strip() or None
+    except OSError:  # not logged in (or the file is not readable: the same to the service)
+        return None
+
+
+def auth_headers() -> dict[str, str]:
+    """The caller's token as HTTP sends it (nothing without one)."""
+    token = caller_token()
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 # -- the service's HTTP API ----------------------------------------------------------------------
@@ -62,7 +99,9 @@ def api_get(page: str, path: str):
     """GET `path` of the page's API as JSON; None for a 404 (an unknown job)."""
     url = f"{page.rstrip('/')}/api/{path.lstrip('/')}"
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as reply:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=auth_headers()), timeout=TIMEOUT_S
+        ) as reply:
             return json.load(reply)
     except urllib.error.HTTPError as err:
         if err.code == 404:
