@@ -5,10 +5,14 @@ still the way to a cluster `up` did not record on this machine). Same cluster, s
 same run.
 
     python bench/cli_latency.py [--repeats 5]
+    python bench/cli_latency.py --running 4 --queued 200   # under load: jobs training, a queue
 
 Prints each command's median wall time (the whole process, as a person waits for it) by both
 ways and their ratio, and the Ray job rows each way adds; writes bench/results/cli_latency.json.
 `submit` sends jobs/vit.yaml (the main job, checked against the model registry) with 5 steps.
+With `--running N --queued M`, N one-worker jobs train on the head (given N CPUs, whatever the
+machine has) and M more wait behind them before anything is timed; each timed command then
+also reports its 90th percentile. Results go to bench/results/cli_latency[-loaded].json.
 """
 
 from __future__ import annotations
@@ -35,8 +39,11 @@ def main() -> int:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
-    repeats = parser.parse_args().repeats
-    head = start_ray_head(num_cpus=2)
+    parser.add_argument("--running", type=int, default=0, help="jobs training while it measures")
+    parser.add_argument("--queued", type=int, default=0, help="jobs waiting while it measures")
+    args = parser.parse_args()
+    repeats = args.repeats
+    head = start_ray_head(num_cpus=max(2, args.running))
     tmp = Path(tempfile.mkdtemp())
     env = {**os.environ, "PYTHONPATH": str(ROOT), **head.env, "ORCHESTRATOR_HOME": str(tmp / "home")}
 
@@ -72,7 +79,9 @@ def main() -> int:
             f"checkpoint.storage={tmp / 'runs'}",
         ]
         ways = {"http": [], "ray": ["--address", head.address]}
-        result = {"repeats": repeats}
+        result = {"repeats": repeats, "running": args.running, "queued": args.queued}
+        if args.running or args.queued:
+            result["load_setup_s"] = load_the_service(cli, tmp, args.running, args.queued)
         names = iter(range(1000))
         job_id = None
 
@@ -89,6 +98,7 @@ def main() -> int:
                     times.append(cli(*command(name), *extra))
                     job_id = cli.last.split()[0] if name == "submit" else job_id
                 result[f"{name}_{way}_s"] = statistics.median(times)
+                result[f"{name}_{way}_p90_s"] = sorted(times)[int(0.9 * (len(times) - 1))]
                 result[f"{name}_{way}_ray_job_rows_added"] = rows(name) - before
             result[f"{name}_ray_over_http"] = result[f"{name}_ray_s"] / result[f"{name}_http_s"]
         cli("down")
@@ -96,14 +106,44 @@ def main() -> int:
         stop_ray_head(head)
     load = os.getloadavg()[0]
     result = {**provenance(), "load_average_1m_at_end": load, **result}
+    if args.running or args.queued:
+        ready = result["load_setup_s"]
+        print(f"with {args.running} jobs training and {args.queued} waiting (ready after {ready:.0f} s):")
     for name in ("submit", "queue", "status"):
         print(
-            f"{name}: {result[f'{name}_http_s']:.2f} s over HTTP, {result[f'{name}_ray_s']:.2f} s as a Ray "
+            f"{name}: {result[f'{name}_http_s']:.2f} s over HTTP (p90 {result[f'{name}_http_p90_s']:.2f}), "
+            f"{result[f'{name}_ray_s']:.2f} s as a Ray "
             f"driver (x{result[f'{name}_ray_over_http']:.1f}); Ray job rows added per {repeats} calls: "
             f"{result[f'{name}_http_ray_job_rows_added']} vs {result[f'{name}_ray_ray_job_rows_added']}"
         )
-    (ROOT / "bench/results/cli_latency.json").write_text(json.dumps(result, indent=2) + "\n")
+    loaded = "-loaded" if args.running or args.queued else ""
+    (ROOT / f"bench/results/cli_latency{loaded}.json").write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def load_the_service(cli, tmp: Path, running: int, queued: int) -> float:
+    """`running` one-worker jobs training (their first step reported), `queued` more waiting
+    behind them; returns how long that took."""
+    started = time.perf_counter()
+    tiny = ["jobs/convnet.yaml", "--set", "resources.num_workers=1", "--set", "resources.cpus_per_worker=1"]
+    tiny += ["--set", f"checkpoint.storage={tmp / 'load'}", "--set", "train.steps=1000000"]
+    trains = []
+    for i in range(running):
+        cli("submit", *tiny, "--set", f"name=trains-{i}")
+        trains.append(cli.last.split()[0])
+    for i in range(queued):
+        cli("submit", *tiny, "--set", f"name=waits-{i}")
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if not trains or all(_trained(cli, job_id) for job_id in trains):
+            return time.perf_counter() - started
+        time.sleep(2)
+    raise TimeoutError(f"{running} jobs did not all report a step within 10 minutes")
+
+
+def _trained(cli, job_id: str) -> bool:
+    cli("status", job_id)
+    return cli.last.startswith(f"{job_id}: running") and "step:       0/" not in cli.last
 
 
 if __name__ == "__main__":

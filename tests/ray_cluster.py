@@ -6,11 +6,13 @@ of its own on this machine with its own logical CPUs, custom resources and node 
 so that a test cluster never meets another on the machine, and everything is stopped by its
 own process group (not `ray stop`, which stops every Ray on the machine).
 
-The clusters run as operators run theirs: Ray's own health checks (nothing tuned), and, where
-a head names `private_disks`, each worker node with a disk of its own: its raylet and every
-process it starts live in a mount namespace of their own (`unshare --mount`) with a fresh
-tmpfs over each of those directories, so what a worker writes there only that node sees, as
-on separate machines. The head sees the machine's real directories.
+The clusters run as operators run theirs: Ray's own health checks (nothing tuned), and each
+worker node as a machine of its own: its raylet and every process it starts live in a mount
+namespace of their own (`unshare --mount`) where Ray's temp dir has the head's path but is the
+node's own directory, as `/tmp/ray` is on every machine of a real cluster (Ray finds a
+driver's log by that path on the driver's node). Where a head names `private_disks`, each
+worker node also has a fresh tmpfs over each of those directories, so what a worker writes
+there only that node sees. The head sees the machine's real directories.
 """
 
 from __future__ import annotations
@@ -110,14 +112,16 @@ class RayHead:
             f"--dashboard-agent-grpc-port={agent_grpc}",
             f"--runtime-env-agent-port={runtime_env}",
             f"--metrics-export-port={metrics}",
-            f"--temp-dir={self.temp_dir}/{name}",
+            f"--temp-dir={self.temp_dir}/ray",  # the head's path, the node's own directory
             f"--num-cpus={num_cpus}",
             *([f"--resources={json.dumps(resources)}"] if resources else []),
             "--include-log-monitor=false",  # the head's monitor reads this machine's logs
             "--disable-usage-stats",
         ]
+        own = Path(self.temp_dir, name)  # the node's temp dir, as the machine sees it
+        own.mkdir(exist_ok=True)
         process = subprocess.Popen(
-            with_private_disks(command, self.private_disks),
+            as_own_machine(command, own, f"{self.temp_dir}/ray", self.private_disks),
             env={**os.environ, **self.env},
             stdout=open(log, "w"),
             stderr=subprocess.STDOUT,
@@ -141,18 +145,19 @@ class RayHead:
         return killed_at
 
 
-# mounts a tmpfs over each directory before `--`, then runs what follows it, in the mount
-# namespace `unshare` made (private propagation: the mounts never reach the machine's)
+# binds $1 over $2, mounts a tmpfs over each directory before `--`, then runs what follows
+# it, in the mount namespace `unshare` made (private propagation: the mounts never reach the
+# machine's)
 _MOUNT_THEN_RUN = (
-    'set -e; while [ "$1" != -- ]; do mount -t tmpfs -o size=4g node-disk "$1"; shift; done; shift; exec "$@"'
+    'set -e; mount --bind "$1" "$2"; shift 2; '
+    'while [ "$1" != -- ]; do mount -t tmpfs -o size=4g node-disk "$1"; shift; done; shift; exec "$@"'
 )
 
 
-def with_private_disks(command: list[str], directories: list[str]) -> list[str]:
-    """`command` run in a mount namespace of its own with a fresh tmpfs over each directory (which
-    must exist): a node's own disk. As root (CI); elsewhere in a user namespace of one's own."""
-    if not directories:
-        return command
+def as_own_machine(command: list[str], own_temp: Path, temp_path: str, disks: list[str]) -> list[str]:
+    """`command` run in a mount namespace of its own where `temp_path` is `own_temp`, with a
+    fresh tmpfs over each of `disks` (which must exist): a node's own disk. As root (CI);
+    elsewhere in a user namespace of one's own."""
     as_root = [] if os.geteuid() == 0 else ["--map-root-user"]
     return [
         "unshare",
@@ -164,7 +169,9 @@ def with_private_disks(command: list[str], directories: list[str]) -> list[str]:
         "-c",
         _MOUNT_THEN_RUN,
         "sh",
-        *directories,
+        str(own_temp),
+        temp_path,
+        *disks,
         "--",
         *command,
     ]

@@ -218,20 +218,20 @@ class Launches:
         return self.started[-1][0]
 
 
-def test_the_service_starts_one_driver_per_attempt(tmp_path):
+def test_the_service_starts_one_driver_per_attempt_on_the_jobs_own_node(tmp_path):
     life = Lifecycle(Store(str(tmp_path)), runner=Launches(), config=CONFIG, generation=1)
     job = new_record(SPEC, "job-1", {}, launched_by="service")
     job.package = str(tmp_path / "package")
     life.jobs[job.id] = job
     life.admit(job, {"node-b": 1, "node-a": 2}, now=1.0)
-    assert job.submission_id == "job-1-a1" and job.driver_per_attempt
+    assert job.submission_id == "job-1-a1" and job.driver_node == "node-a"  # most of its workers
     life.mark_running(job, attempt=1)
     life.request_stop(job, "preempt", now=5.0)
     life.preempted(job, now=6.0, acknowledged=True)
-    assert job.submission_id is None and not job.driver_per_attempt  # it ended with its attempt
+    assert job.submission_id is None and job.driver_node is None  # it ended with its attempt
     life.admit(job, {"node-c": 1}, now=9.0)  # so the next admission starts another, there
     assert life.runner.started == [("job-1-a1", {"node-b": 1, "node-a": 2}), ("job-1-a2", {"node-c": 1})]
-    assert job.driver_per_attempt
+    assert job.driver_node == "node-c"
 
 
 def test_a_driver_that_queued_its_own_job_keeps_waiting_for_the_next_admission(life):
@@ -241,4 +241,12 @@ def test_a_driver_that_queued_its_own_job_keeps_waiting_for_the_next_admission(l
     life.mark_running(job, attempt=1)
     life.request_stop(job, "preempt", now=5.0)
     life.preempted(job, now=6.0, acknowledged=True)
-    assert job.submission_id == "raysubmit_1" and not job.driver_per_attempt
+    assert job.submission_id == "raysubmit_1" and job.driver_node is None
+
+
+def test_the_driver_node_is_the_one_with_most_workers_and_rank_zeros_on_a_tie():
+    from orchestrator.service.runner import driver_node
+
+    assert driver_node({"b": 2, "a": 2, "c": 1}) == "a"
+    assert driver_node({"b": 3, "a": 2}) == "b"
+    assert driver_node({}) is None

@@ -99,18 +99,21 @@ def test_jobs_that_do_not_fit_together_run_one_after_the_other(service, tmp_path
     assert train_steps(service.runs / "gang-a") == list(range(5, 41, 5))  # each step once
 
 
-def assert_one_control_actor_per_run(service) -> None:
+def assert_one_control_actor_per_run_on_the_jobs_own_node(service, job: dict) -> None:
     """Ray's own actor table while one job runs: one actor of ours for the run (its state
-    actor, which runs `fit()`), Ray Train's controller beside it, and none of the per-run
-    actors Ray Train starts that the product does without (docs/scaling.md)."""
+    actor, which runs `fit()`) and Ray Train's controller beside it, on the node with most of
+    the job's workers (the head only when the job runs there), and none of the actors Ray
+    Train starts that the product does without (docs/scaling.md)."""
+    from orchestrator.ray.launcher import driver_node
 
     def alive(name: str) -> list[dict]:
         actors = list_actors(service.head.dashboard, service.head.env, name)
         return [a for a in actors if a["state"] == "ALIVE"]
 
+    node = driver_node(job["placement"])
     (state,), (controller,) = alive("RunState"), alive("TrainController")
-    assert state["node_id"] == controller["node_id"]
-    for name in ("TrainingRun", "PlacementGroupCleaner", "PreemptionWatcher"):
+    assert state["node_id"] == controller["node_id"] == node, (state, controller, job["placement"])
+    for name in ("TrainingRun", "PlacementGroupCleaner", "PreemptionWatcher", "AutoscalingCoordinator"):
         assert alive(name) == [], name
 
 
@@ -120,8 +123,8 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
     # its checkpoints on S3: the one it stops at must be durable before it resumes from it
     runs = service.s3.uri("preemption")
     low = service.submit("scheduling.preemptible=true", f"checkpoint.storage={runs}", name="low", steps=3000)
-    service.wait(low, lambda j: j["state"] == "running", what="running")
-    assert_one_control_actor_per_run(service)
+    running = service.wait(low, lambda j: j["state"] == "running", what="running")
+    assert_one_control_actor_per_run_on_the_jobs_own_node(service, running)
     high = service.submit(name="high", priority=10, steps=10)
     h, lo = service.done(high), service.done(low)
     # the low job stopped at a step, checkpointed it, made way, and resumed from exactly there

@@ -84,6 +84,10 @@ class RunContext:
     def restore_metrics(self, history: list[dict]) -> None:
         """After a resume: the log as of the checkpoint replaces whatever came later."""
 
+    def settle_checkpoints(self) -> None:
+        """Before the summary of a run that did not fail: every save is durable and pruned
+        (bounded), so the summary names what pruning left in place."""
+
     def flush_metrics(self) -> None:
         """The run has ended: what is buffered goes to the metrics log now."""
 
@@ -222,6 +226,10 @@ class LocalContext(RunContext):
     def restore_metrics(self, history: list[dict]) -> None:
         if self._log is not None:
             self._log.rewind(history)
+
+    def settle_checkpoints(self) -> None:
+        """Before the summary of a run that did not fail: every save is durable and pruned
+        (bounded), so the summary names what pruning left in place."""
 
     def flush_metrics(self) -> None:
         if self._log is not None:

@@ -65,6 +65,7 @@ class RayContext(RunContext):
         self._stop: str | None = None
         self._polling = threading.Event()
         self._uploads: list[threading.Event] = []  # each checkpoint's part of this rank: sent yet?
+        self._settled: list[threading.Event] = []  # ... and, on rank 0, announced and pruned?
 
     def setup(self) -> None:
         # Ray Train has already joined the process group (gloo on CPU, NCCL on GPU)
@@ -130,8 +131,9 @@ class RayContext(RunContext):
         local = self._tmp / name
         write(str(local))
         uri = storage.join(self.run_uri, name)
-        uploaded = threading.Event()
+        uploaded, settled = threading.Event(), threading.Event()
         self._uploads.append(uploaded)
+        self._settled.append(settled)
 
         def upload(checkpoint: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
             # on Ray Train's upload thread, while training goes on
@@ -141,13 +143,11 @@ class RayContext(RunContext):
                 checkpoint_upload.upload(checkpoint.path, where.storage_filesystem, path)
             finally:
                 uploaded.set()
-            if self.is_main:  # announced and pruned once every rank's part is there
-                reason = checkpoint_upload.wait_complete(uri, DURABLE_WAIT_S)
-                if reason is None:
-                    self.state.checkpoint.remote(self.attempt, step, uri)
-                    on_durable(uri)
-                else:
-                    log.warning("%s is not complete %.0f s after its save: %s", uri, DURABLE_WAIT_S, reason)
+            try:
+                if self.is_main:
+                    self._announce(step, uri, on_durable)
+            finally:
+                settled.set()
             return ray.train.Checkpoint(path=path, filesystem=where.storage_filesystem)
 
         # every rank reports its own files; Ray registers the checkpoint once all ranks have
@@ -189,6 +189,21 @@ class RayContext(RunContext):
     def restore_metrics(self, history: list[dict]) -> None:
         if self.is_main:
             self.state.restore.remote(self.attempt, history, self.resumed_from)
+
+    def _announce(self, step: int, uri: str, on_durable: Callable[[str], None]) -> None:
+        # announced and pruned once every rank's part is there
+        reason = checkpoint_upload.wait_complete(uri, DURABLE_WAIT_S)
+        if reason is None:
+            self.state.checkpoint.remote(self.attempt, step, uri)
+            on_durable(uri)
+        else:
+            log.warning("%s is not complete %.0f s after its save: %s", uri, DURABLE_WAIT_S, reason)
+
+    def settle_checkpoints(self) -> None:
+        # the summary names what pruning left: wait (bounded) for the upload threads' pruning
+        deadline = time.monotonic() + TEARDOWN_UPLOAD_WAIT_S
+        for settled in self._settled:
+            settled.wait(max(deadline - time.monotonic(), 0.0))
 
     def finish(self, summary: dict) -> None:
         if self.is_main:

@@ -195,6 +195,7 @@ class Trainer:
         eval_metrics = self.evaluator.final_metrics(status)
         if status != "failed":
             self.checkpointer.save_final()  # or the step a preempted or stopped run resumes from
+            self.ctx.settle_checkpoints()
         self.ctx.flush_metrics()
         return self._summary(status, reason, rates, elapsed, eval_metrics)
 

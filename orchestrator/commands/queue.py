@@ -7,10 +7,12 @@ too when it knows the job.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 
 from core.jobs import PENDING_VALUES
+from orchestrator.commands import text_table
 from orchestrator.commands.options import add_address, with_cluster_errors
 from orchestrator.commands.queue_views import duration_text, read_queue, required_service, workers_text
 from orchestrator.errors import UsageError
@@ -61,10 +63,19 @@ def _resources(job: dict) -> str:
     )
 
 
-def handle_queue(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
+QUEUE_COLUMNS = ("ID", "NAME", "PRIORITY", "STATE", "WORKERS", "WAITED", "STEP", "ETA", "NOTE")
+STATE_COLORS = {
+    "running": "cyan",
+    "admitted": "cyan",
+    "stopping": "yellow",
+    "preempted": "yellow",
+    "succeeded": "green",
+    "failed": "red",
+    "stopped": "yellow",
+}
 
+
+def handle_queue(args) -> int:
     jobs, info = read_queue(args.address, args.all, args.waiting or None)
     print(cluster_line(info))
     for line in queue_lines(info.get("queues")):
@@ -72,37 +83,29 @@ def handle_queue(args) -> int:
     if not jobs:
         print("the queue is empty" + ("" if args.all else " (--all lists finished jobs)"))
         return 0
-    table = Table(box=None, header_style="bold")
-    for column in ("ID", "NAME", "PRIORITY", "STATE", "WORKERS", "WAITED", "STEP", "ETA", "NOTE"):
-        table.add_column(column, no_wrap=column != "NOTE", overflow="ellipsis")
-    colors = {
-        "running": "cyan",
-        "admitted": "cyan",
-        "stopping": "yellow",
-        "preempted": "yellow",
-        "succeeded": "green",
-        "failed": "red",
-        "stopped": "yellow",
-    }
-    for job in jobs:
-        step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job.get("step") or 0)
-        state = job["state"]
-        table.add_row(
-            job["id"],
-            job["name"],
-            str(job["priority"]),
-            f"[{colors.get(state, 'white')}]{state}[/]",
-            _resources(job),
-            duration_text(job.get("waited_s")),
-            step,
-            _eta(job),
-            job.get("note") or job.get("reason") or "",
-        )
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    tty = sys.stdout.isatty()
+    width = shutil.get_terminal_size().columns if tty else 200
+    print(text_table.render(QUEUE_COLUMNS, [queue_row(job) for job in jobs], width, tty))
     hidden = waiting_count(info) - sum(1 for job in jobs if job["state"] in PENDING_VALUES)
     if args.waiting and hidden > 0:
         print(f"... and {hidden} more waiting (--waiting 0 lists every one)")
     return 0
+
+
+def queue_row(job: dict) -> list[text_table.Cell]:
+    step = f"{job['step']}/{job['total_steps']}" if job.get("total_steps") else str(job.get("step") or 0)
+    state = job["state"]
+    return [
+        job["id"],
+        job["name"],
+        str(job["priority"]),
+        (state, STATE_COLORS.get(state, "white")),
+        _resources(job),
+        duration_text(job.get("waited_s")),
+        step,
+        _eta(job),
+        job.get("note") or job.get("reason") or "",
+    ]
 
 
 def waiting_count(info: dict) -> int:

@@ -37,6 +37,14 @@ log = logging.getLogger("orchestrator")
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's built-in label: every node carries its own id
 
 
+def driver_node(placement: dict[str, int]) -> str | None:
+    """The node a job's control runs on (its driver, the run's state actor and Ray Train's
+    controller): the one with the most of its workers (rank 0's on a tie)."""
+    if not placement:
+        return None
+    return max(sorted(placement), key=lambda node: placement[node])
+
+
 def label_selectors(placement: dict[str, int]) -> list[dict[str, str]]:
     """One selector per worker from {node id: workers on it}."""
     return [{NODE_ID_LABEL: node} for node, count in sorted(placement.items()) for _ in range(count)]
@@ -77,19 +85,43 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
 
 
 def trainer_class():
-    """Ray Train's `TorchTrainer` less the PlacementGroupCleaner it starts for every run: a
-    detached actor pinned to the head node (100-300 MiB there per running job: docs/scaling.md)
-    that removes the run's placement groups if the run's controller dies. Here the run's state
-    actor owns the controller, and whoever loses that actor removes them (`RunHandle.join`);
-    Ray removes them with the driver's job in any case. Ray Train has no switch for it, so the
-    trainer's default callbacks are filtered (tests/test_service.py checks none runs)."""
+    """Ray Train's `TorchTrainer` less two things it starts for every run that the product does
+    without (tests/test_service.py checks neither runs):
+
+    - the PlacementGroupCleaner, a detached actor pinned to the head node (100-300 MiB there per
+      running job: docs/scaling.md) that removes the run's placement groups if the run's
+      controller dies. Here the run's state actor owns the controller, and whoever loses that
+      actor removes them (`RunHandle.join`); Ray removes them with the driver's job in any case.
+    - the requests of its scaling policy to the autoscaler, through the cluster's one
+      AutoscalingCoordinator: a detached actor it creates on the first controller's node and
+      pins there for good (a worker node the autoscaler then never finds idle), and whose
+      requests replace the one the service keeps standing for its queue. The service admits a
+      run only onto nodes that are there, and asks the autoscaler for what the queue needs.
+
+    Ray Train has no switch for either: the trainer's default callbacks are filtered and its
+    fixed-size policy is given without the requests."""
     from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
+
+    class FixedSizeWithoutAutoscalerRequests(FixedScalingPolicy):
+        def after_controller_start(self, train_run_context) -> None:
+            pass
+
+        def _maybe_send_resource_request(self) -> None:
+            pass
+
+        def _cancel_resource_request(self) -> None:
+            pass
 
     class Trainer(TorchTrainer):
         def _create_default_callbacks(self):
             defaults = super()._create_default_callbacks()
             return [c for c in defaults if not isinstance(c, PlacementGroupCleanerCallback)]
+
+        def _initialize_and_run_controller(self, **kwargs):
+            kwargs["scaling_policy"] = FixedSizeWithoutAutoscalerRequests(self.scaling_config)
+            return super()._initialize_and_run_controller(**kwargs)
 
     return Trainer
 
@@ -100,10 +132,9 @@ class RunHandle:
 
         self.spec, self.run, self.placement = spec, run, placement
         # the run's state actor, which runs fit() (so Ray Train's controller is there too), lives
-        # on the driver's node: Ray Train's controllers create the cluster's one detached
-        # AutoscalingCoordinator where they run, and it must not pin a worker node
-        # (docs/scaling.md#the-control-planes-cost-per-job)
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        # on the job's own node where the service placed it, else on the driver's
+        node = driver_node(placement or {}) or ray.get_runtime_context().get_node_id()
+        here = NodeAffinitySchedulingStrategy(node, soft=False)
         self.state = RunState.options(scheduling_strategy=here).remote()
         self._result = self.state.fit.remote(functools.partial(trainer, spec, run, placement=placement))
         self._outcome: Outcome | None = None  # read before an abort ends the actor

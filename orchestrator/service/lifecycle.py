@@ -17,7 +17,7 @@ import time
 from core.jobs import JobState, check_transition
 from core.run_folder import checkpoint_step
 from orchestrator.policy.las import service_rate
-from orchestrator.service.runner import JobRunner
+from orchestrator.service.runner import JobRunner, driver_node
 from orchestrator.service.store import JobRecord, Store
 from orchestrator.service.table import JobTable
 
@@ -89,7 +89,7 @@ class Lifecycle:
             job.submission_id = self.runner.launch(
                 job.id, job.attempt, job.package, {"attempt": job.attempt}, job.placement
             )
-            job.driver_per_attempt = True
+            job.driver_node = driver_node(job.placement)
         except Exception as err:
             log.error("%s: cannot start its driver: %s", job.id, err)
             job.log("launch-failed", now, error=str(err).splitlines()[0][:300])
@@ -329,8 +329,8 @@ class Lifecycle:
         job.stop_requested, job.stop_requested_at, job.killed = None, None, False
         job.resize_to = None
         job.unconfirmed_failure = None
-        if job.driver_per_attempt:  # its driver ends with the attempt: the next admission starts one
-            job.submission_id, job.driver_per_attempt = None, False
+        if job.driver_node:  # its driver ends with the attempt: the next admission starts one
+            job.submission_id = job.driver_node = None
         if backoff:
             job.failed_starts += 1
             wait = self.config.backoff_s * 2 ** (job.failed_starts - 1)

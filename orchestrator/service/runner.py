@@ -12,7 +12,10 @@ working_dir as a local directory (which it zips and uploads to the cluster) or a
 a zip file; a package in a store elsewhere (s3://, gs://) is a directory, so it is copied to
 a local directory on the head first and handed over from there.
 
-A driver started here runs one attempt: the next admission starts a new one.
+The driver runs on the job's own node (the one with most of its workers), not on the head: Ray
+Train's controller and its actors follow their driver, so the head pays for none of a job's
+control processes, and a job's control shares its nodes' fate. A driver started here runs
+one attempt: the next admission starts a new one, on the nodes of that admission.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Iterator
 
 from core import storage
 from core.spec import JobSpec
+from orchestrator.ray.launcher import NODE_ID_LABEL, driver_node
 
 SPEC_IN_PACKAGE = ".orchestrator/job.json"
 
@@ -58,6 +62,11 @@ def local_copy(package_uri: str) -> Iterator[str]:
         yield local
 
 
+def driver_node_selector(placement: dict[str, int]) -> dict[str, str] | None:
+    node = driver_node(placement)
+    return {NODE_ID_LABEL: node} if node else None
+
+
 class JobRunner:
     """The Ray Jobs API of the cluster the service runs on."""
 
@@ -85,6 +94,7 @@ class JobRunner:
                     entrypoint=entrypoint,
                     submission_id=sid,
                     runtime_env={"working_dir": working_dir},
+                    entrypoint_label_selector=driver_node_selector(placement),
                     metadata={"orchestrator_job": job_id, **{k: str(v) for k, v in metadata.items()}},
                 )
             except Exception as err:

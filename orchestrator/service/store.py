@@ -61,8 +61,8 @@ class JobRecord:
     # driver started elsewhere (`ray job submit`, `orchestrator run`) registered itself
     attempt: int = 0  # admissions so far
     submission_id: str | None = None  # the Ray Job running its driver now
-    driver_per_attempt: bool = False  # its driver is one the service started: it ends with its
-    # attempt (a driver that registered itself waits for each admission)
+    driver_node: str | None = None  # where the driver the service started runs: it ends with
+    # its attempt (None: no such driver; one that registered itself waits for each admission)
     came_in_by: str | None = None  # the Ray Job that queued it (`ray job submit`), if one did
     placement: dict[str, int] = field(default_factory=dict)  # node id -> workers
     admitted_at: float | None = None
