@@ -6,7 +6,9 @@ actor takes seconds on a small machine and leaves a row in Ray's job list for ev
 The CLI reads over HTTP when `orchestrator up` recorded the service's page on this machine and
 no --address names another cluster; when the page cannot be reached (a service restarted on
 another port, a page turned off, a cluster without token auth) it joins the cluster instead.
-Submitting over HTTP sends the cluster's Ray token, which the service checks.
+Submitting over HTTP sends the caller's own token, else the cluster's Ray token (whose holder
+is the cluster's admin); the service checks either, and a refusal (400, 401, 403) is final:
+the CLI prints its one line and does not try the cluster instead.
 
 Actor calls are retried while Ray restarts the service actor (a restart reloads the queue from
 the store within seconds); an error the service raises on purpose (an unknown job, a job too
@@ -78,8 +80,12 @@ def auth_headers() -> dict[str, str]:
 # -- the service's HTTP API ----------------------------------------------------------------------
 
 
-class Refused(Exception):
-    """The service said no (a job too big for the cluster, an id taken): one line for a person."""
+class Refused(UsageError):
+    """The service said no (a job too big for the cluster, an id taken, a token it does not
+    take or a call the token's user may not make): one line for a person, exit status 2."""
+
+
+REFUSING = (400, 401, 403)  # the service's answers that another way in would not change
 
 
 class Unreachable(Exception):
@@ -106,6 +112,8 @@ def api_get(page: str, path: str):
     except urllib.error.HTTPError as err:
         if err.code == 404:
             return None
+        if err.code in (401, 403):  # joining the cluster would not make the token valid
+            raise Refused(_error_of(err)) from None
         raise Unreachable(f"{url}: HTTP {err.code}") from None
     except (OSError, ValueError) as err:  # refused, timed out, not our JSON
         raise Unreachable(f"{url}: {err}") from None
@@ -133,7 +141,7 @@ def api_submit(page: str, token: str, specs: list[dict], options: list[dict], pa
         ) as reply:
             return json.load(reply)["jobs"]
     except urllib.error.HTTPError as err:
-        if err.code == 400:
+        if err.code in REFUSING:
             raise Refused(_error_of(err)) from None
         raise Unreachable(f"{url}: HTTP {err.code}") from None
     except (OSError, ValueError, KeyError) as err:

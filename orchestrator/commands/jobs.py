@@ -336,7 +336,9 @@ def handle_stop(args) -> int:
 
     from orchestrator import client as service_client
 
-    job = service_client.queued_job(args.address, "stop", args.job_id, args.now)
+    job = service_client.queued_job(
+        args.address, "stop", args.job_id, args.now, service_client.caller_token()
+    )
     if job is not None:
         if job["state"] == "stopping":
             print(f"{job['id']}: stop requested; it checkpoints within a few seconds, then stops")

@@ -155,7 +155,7 @@ def handle_preempt(args) -> int:
 
     with required_service(args.address) as service:
         try:
-            job = client.call(service.preempt, args.job_id)
+            job = client.call(service.preempt, args.job_id, client.caller_token())
         except client.ServiceError as err:
             raise UsageError(str(err)) from None
     print(

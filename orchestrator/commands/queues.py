@@ -41,7 +41,7 @@ def handle_apply(args) -> int:
     config = None if args.clear else load_queue_config(args.file)  # SpecError: exit 2, one line each
     with required_service(args.address) as service:
         try:
-            view = client.call(service.set_queues, config)
+            view = client.call(service.set_queues, config, client.caller_token())
         except client.ServiceError as err:
             raise UsageError(f"queues apply: {err}") from None
     if view is None:
