@@ -9,9 +9,16 @@
     GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)
     GET /api/jobs/{id}/metrics?since=N   the job's metrics records with step > N
     GET /metrics                         the registry in Prometheus' text format (404 without one)
-    POST /api/jobs                       queue jobs (the CLI's `submit`): the cluster's Ray token as
-                                         `Authorization: Bearer`, a JSON body {"specs", "options",
-                                         "package" (base64 zip)}; 201 {"jobs": [views]}, 400 {"error"}
+    POST /api/jobs                       queue jobs (the CLI's `submit`): the caller's token (or the
+                                         cluster's Ray token) as `Authorization: Bearer`, a JSON body
+                                         {"specs", "options", "package" (base64 zip)}; 201 {"jobs":
+                                         [views]}, 400, 401 or 403 {"error"}
+    GET /login, POST /api/authenticate   the login form and its cookie (web_auth.py)
+
+With a `gate` (the service's door) every route but the login's and the static files reads the
+request's token first and answers 401 or 403 to whoever may not read (web_auth.py); a
+submission is decided again per job, on its queue. Without one (a page embedded elsewhere,
+tests) it reads openly and takes jobs only with the cluster's token.
 
 The service actor is a threaded Ray actor with no event loop of its own, so `serve` runs the
 app on a loop in a background thread. Source calls may block (the service holds a lock), so
@@ -38,6 +45,7 @@ from aiohttp import web
 from core.jobs import HOLDING_VALUES, TERMINAL_VALUES
 from core.records import is_train
 from orchestrator.monitoring.exporter import exposition
+from orchestrator.monitoring.web_auth import Gate, add_login_routes, gatekeeper, token_of
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -79,8 +87,12 @@ class Submitter(Protocol):
 
     token: str | None  # None: submitting over HTTP is off (a cluster without token auth)
 
-    def submit_specs(self, specs: list[dict], options: list[dict], package: bytes | None) -> list[dict]:
-        """Validate and queue; raises ValueError with one line a person can act on."""
+    def submit_specs(
+        self, specs: list[dict], options: list[dict], package: bytes | None, token: str | None = None
+    ) -> list[dict]:
+        """Validate and queue as the holder of `token` (passed only with a gate); raises
+        ValueError with one line a person can act on, PermissionError with `args` (line,
+        status) for a caller who may not."""
         ...
 
 
@@ -196,11 +208,15 @@ def make_app(
     source: PageSource,
     registry: prometheus_client.CollectorRegistry | None = None,
     submitter: Submitter | None = None,
+    gate: Gate | None = None,
 ) -> web.Application:
     """The status page's app; host it with `serve` (or any aiohttp runner). Without a
-    `submitter` it only reads."""
+    `submitter` it only reads; with a `gate`, only for those the gate lets in."""
     reads = _Reads(source, registry)
-    app = web.Application(middlewares=[_headers], client_max_size=MAX_SUBMISSION_BYTES)
+    middlewares = [_headers] if gate is None else [_headers, gatekeeper(gate)]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_SUBMISSION_BYTES)
+    if gate is not None:
+        add_login_routes(app, gate)
     app.router.add_get("/", _page)
     app.router.add_static("/static/", STATIC_DIR)
     app.router.add_get("/api/info", reads.info)
@@ -208,7 +224,7 @@ def make_app(
     app.router.add_get("/api/jobs/{id}", reads.job)
     app.router.add_get("/api/jobs/{id}/metrics", reads.job_metrics)
     app.router.add_get("/metrics", reads.metrics)
-    app.router.add_post("/api/jobs", _submit_route(submitter))
+    app.router.add_post("/api/jobs", _submit_route(submitter, gate is not None))
     return app
 
 
@@ -285,30 +301,48 @@ class _Reads:
         return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
 
-def _submit_route(submitter: Submitter | None):
-    """POST /api/jobs: queue the jobs of an authenticated body through `submitter`."""
+def _submit_route(submitter: Submitter | None, gated: bool):
+    """POST /api/jobs: queue the jobs of an authenticated body through `submitter`: the
+    service decides on the caller's token (`gated`), else the body must carry the cluster's."""
 
     async def submit(request: web.Request) -> web.Response:
-        token = submitter.token if submitter is not None else None
-        if token is None:
-            off = "this service takes jobs over HTTP only on a cluster with token auth"
-            return _json({"error": off}, status=403)
-        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return _json({"error": "missing or wrong cluster token"}, status=401)
+        refused = _submission_refused(submitter, gated, request)
+        if refused is not None:
+            return refused
         try:
             body = await request.json()
             package = base64.b64decode(body["package"], validate=True) if body.get("package") else None
             specs, options = list(body["specs"]), list(body.get("options") or [{}] * len(body["specs"]))
         except (ValueError, KeyError, TypeError, binascii.Error):
             return _json({"error": "the body must be JSON: {specs, options, package}"}, status=400)
+        caller = (token_of(request),) if gated else ()
         try:
-            views = await _call(submitter.submit_specs, specs, options, package)
+            views = await _call(submitter.submit_specs, specs, options, package, *caller)
+        except PermissionError as err:  # the service's door: (line, status)
+            status = err.args[1] if len(err.args) > 1 and err.args[1] in (401, 403) else 403
+            return _json({"error": str(err.args[0]) if err.args else "refused"}, status=status)
         except ValueError as err:
             return _json({"error": str(err).splitlines()[0] if str(err) else "refused"}, status=400)
         return _json({"jobs": views}, status=201)
 
     return submit
+
+
+def _submission_refused(
+    submitter: Submitter | None, gated: bool, request: web.Request
+) -> web.Response | None:
+    """Why a submission is refused before its body is read, or None."""
+    if submitter is None:
+        return _json({"error": "this page takes no jobs"}, status=403)
+    if gated:
+        return None  # the gate let the caller in; the service decides on each job's queue
+    if submitter.token is None:
+        off = "this service takes jobs over HTTP only on a cluster with token auth"
+        return _json({"error": off}, status=403)
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), submitter.token.encode()):
+        return _json({"error": "missing or wrong cluster token"}, status=401)
+    return None
 
 
 class PageServer:
