@@ -121,6 +121,8 @@ def test_a_submission_over_http_is_decided_on_the_tokens_user_and_its_queue(serv
         assert viewer.status == 403
         ours = await client.post("/api/jobs", json=submission("vision-gpu"), headers=bearer(tokens["ann"]))
         assert ours.status == 201
+        nobody = await client.post("/api/jobs", json=submission("shared"))
+        assert nobody.status == 401
         ray = await client.post("/api/jobs", json=submission("nlp-gpu"), headers=bearer(RAY_TOKEN))
         assert ray.status == 201  # the Ray token's holder is the cluster's admin
         return (await ours.json())["jobs"][0], (await ray.json())["jobs"][0]
@@ -128,7 +130,7 @@ def test_a_submission_over_http_is_decided_on_the_tokens_user_and_its_queue(serv
     ann, ray = with_client(service, body)
     assert (ann["user"], ann["team"]) == ("ann", "vision") and ray["user"] == "cluster-admin"
     refusals = [e for e in service.audit(None, 0.0) if e["outcome"] == "refused"]
-    assert {(e["user"], e["route"]) for e in refusals} == {("ann", "http"), ("vic", "http")}
+    assert {(e["user"], e["route"]) for e in refusals} == {("ann", "http"), ("vic", "http"), (None, "http")}
 
 
 def bad_tokens(tmp_path, good: str) -> dict[str, str]:

@@ -87,6 +87,13 @@ class Door:
             raise Denied(verdict.reason, verdict.status)
         return identity
 
+    def authenticate(self, token: str | None, route: str, action: Action, **detail) -> Identity:
+        """The caller's identity; Denied (401), and the refusal logged, when there is none."""
+        identity = self.identify(token, route)
+        if identity is None:
+            self._refuse(entry_of(None, action, None, unauthenticated(token is not None), route, **detail))
+        return identity
+
     @contextlib.contextmanager
     def acting(
         self,
@@ -100,9 +107,7 @@ class Door:
         its audit entry is written. `target` may be a function, called once the caller is
         known (an unknown caller learns nothing of the job it names). Denied when refused;
         a body that raises adds a `failed` entry, and its exception goes on."""
-        identity = self.identify(token, route)
-        if identity is None:
-            self._refuse(entry_of(None, action, None, unauthenticated(token is not None), route, **detail))
+        identity = self.authenticate(token, route, action, **detail)
         wanted = target() if callable(target) else target
         verdict = decide(identity, action, wanted, token_sent=token is not None)
         entry = entry_of(identity, action, wanted, verdict, route, **detail)

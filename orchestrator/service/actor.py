@@ -254,7 +254,7 @@ class OrchestratorService(TenantCalls):
     ) -> list[dict]:
         """Jobs sent over HTTP (`POST /api/jobs`, the CLI's quick path): their specs are checked
         against the schema again, since anyone holding a token may send them."""
-        self.door.check_read(token, HTTP)  # a caller unknown hears 401 before a word on its specs
+        self.door.authenticate(token, HTTP, Action.SUBMIT)  # an unknown caller: 401, logged
         try:
             typed = [validate(raw, "submitted spec") for raw in specs]
         except SpecError as err:
