@@ -12,10 +12,12 @@
                                                                     |  Views (views.py: what is shown)
 
 This file is the service's surface: the calls the CLI and the drivers make, each under one
-lock. A scheduling pass (`cycle.py`) runs every `tick_s` on a thread of the actor; every change
-of a job's state goes through `lifecycle.py`, which checks it against the table in
-`core/jobs.py` and writes it to the store before anything else learns of it, so a restarted
-service (Ray restarts the actor; a new one can start elsewhere) reloads the queue and carries on.
+lock (the reads are in `read_calls.py`, the queue configuration in `queue_calls.py`, the calls
+about people in `tenant_calls.py`). A scheduling pass (`cycle.py`) runs every `tick_s` on a
+thread of the actor; every change of a job's state goes through `lifecycle.py`, which checks
+it against the table in `core/jobs.py` and writes it to the store before anything else learns
+of it, so a restarted service (Ray restarts the actor; a new one can start elsewhere) reloads
+the queue and carries on.
 
 The drivers do the rest: a driver polls `admission` until its job is admitted (with the
 nodes the service counted), runs the job there, reports progress (and learns of stop
@@ -33,21 +35,20 @@ from typing import Any
 
 import ray
 
-from core import run_folder
 from core.jobs import JobState
-from core.queues import QueueConfig, validate_queue_config
 from core.spec import JobSpec, SpecError, validate
 from orchestrator.client import NAMESPACE, SERVICE_NAME
-from orchestrator.monitoring.page_view import process_info, serve_page
+from orchestrator.monitoring.page_view import serve_page
 from orchestrator.policy.permissions import Action
-from orchestrator.policy.policy import Policy
 from orchestrator.service.access import ACTOR, DRIVER, HTTP
 from orchestrator.service.cluster_access import ClusterAccess, of_ray
 from orchestrator.service.cycle import SchedulingCycle, request
 from orchestrator.service.health import Health, Watchdog
 from orchestrator.service.lifecycle import Lifecycle
-from orchestrator.service.live import LiveMetrics, with_logged
+from orchestrator.service.live import LiveMetrics
 from orchestrator.service.progress import RECORD, STEP, fold
+from orchestrator.service.queue_calls import QueueCalls
+from orchestrator.service.read_calls import ReadCalls
 from orchestrator.service.store import JobRecord, Store, find
 from orchestrator.service.submission import new_job_id, new_record, storage_refusal, unpack
 from orchestrator.service.tenant_calls import TenantCalls, open_door
@@ -87,7 +88,7 @@ class ServiceConfig:
     single_user: bool = True
 
 
-class OrchestratorService(TenantCalls):
+class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
     """Use through `ray.remote(...)` (see `service_options`); every method is safe to retry.
 
     The calls people make take the caller's token last (`token`; the user calls and `audit`
@@ -133,53 +134,6 @@ class OrchestratorService(TenantCalls):
             self.config.store,
         )
         threading.Thread(target=self._loop, name="scheduling", daemon=True).start()
-
-    def _policy(self, queues: QueueConfig | None) -> Policy:
-        """The policy with `queues`; ValueError if a queue has both a --quota and an entry."""
-        return Policy(
-            [],
-            quotas=self.config.quotas,
-            backfill=self.config.backfill,
-            preemption=self.config.preemption,
-            grow_after_s=self.config.grow_after_s,
-            move_after_s=self.config.move_after_s,
-            queues=queues,
-        )
-
-    def _startup_policy(self) -> Policy:
-        """With the queue configuration applied last (`queues apply`, or `up --queues`, which
-        stores it before it starts the service), kept in the store: a restart applies it again."""
-        stored = self.store.load_queues()
-        if stored is None:
-            return self._policy(None)
-        try:  # written by `set_queues`: a load, but a newer schema or a new --quota may refuse it
-            return self._policy(validate_queue_config(stored, "stored queues.json"))
-        except (SpecError, ValueError) as err:
-            log.error("the stored queue configuration is not applied: %s", str(err).splitlines()[0])
-            return self._policy(None)
-
-    def set_queues(self, queues: QueueConfig | None, token: str | None = None) -> dict:
-        """Apply a queue configuration validated by the CLI (None: back to none) and store it
-        for the next start. Refused (ValueError, nothing changed) when a queue has a --quota."""
-        detail = {"queues": None if queues is None else sorted(queues.queues)}
-        with self.lock, self.door.acting(token, ACTOR, Action.QUEUES_APPLY, **detail):
-            policy = self._policy(queues)
-            policy.set_nodes(self.policy.nodes, self.policy.possible)
-            self.store.save_queues(None if queues is None else queues.model_dump(mode="json"))
-            self.policy = self.cycle.policy = policy
-            log.info(
-                "queue configuration %s",
-                "cleared" if queues is None else f"of {len(queues.queues)} queue(s) applied",
-            )
-        self._wake.set()
-        return self.queues_view()
-
-    def queues_view(self, token: str | None = None) -> dict | None:
-        """The queue configuration (as written: defaults left out) and each queue's use now
-        (None: no configuration)."""
-        self.door.check_read(token, ACTOR)
-        with self.lock:
-            return self.views.queues()
 
     def _new_record(self, spec: JobSpec, options: dict, launched_by: str) -> JobRecord:
         job_id = options.get("job_id")
@@ -379,40 +333,6 @@ class OrchestratorService(TenantCalls):
             self.lifecycle.request_stop(job, "preempt", time.time(), by="request")
             return self._view(job)
 
-    def queue(
-        self, include_finished: bool = False, waiting: int | None = None, token: str | None = None
-    ) -> list[dict]:
-        """In queue order; `waiting`: only the first that many of the waiting jobs."""
-        self.door.check_read(token, ACTOR)
-        with self.lock:
-            return self.views.queue(include_finished, waiting)
-
-    def status(self, job_id: str, token: str | None = None) -> dict:
-        self.door.check_read(token, ACTOR)
-        with self.lock:
-            return self._view(self._job(job_id))
-
-    def sweep(self, name: str, token: str | None = None) -> list[dict]:
-        self.door.check_read(token, ACTOR)
-        with self.lock:
-            return [self._view(j, history=False) for j in self.jobs.values() if j.sweep == name]
-
-    def info(self, token: str | None = None) -> dict:
-        self.door.check_read(token, ACTOR)
-        with self.lock:
-            return {
-                "status_page": self.page_url,
-                "generation": self.generation,
-                "store": self.config.store,
-                "dashboard": self.config.dashboard,
-                "started_at": self.started_at,
-                "last_pass_s": self.last_pass_s,
-                "health_checks": self.health_checks.describe(),
-                "shared_storage": list(self.config.shared_storage),
-                **self.views.cluster(),  # nodes, resources, jobs by state, goodput, queues, ...
-                "process": process_info(),  # the control plane never loads torch: see for yourself
-            }
-
     def shutdown(self) -> None:
         """Stop scheduling and give the lease back (`orchestrator down`)."""
         self._closing.set()
@@ -421,39 +341,6 @@ class OrchestratorService(TenantCalls):
             self.page.stop()
         with self.lock:
             self.store.release_lease(self.owner)
-
-    # -- monitoring ----------------------------------------------------------------------------
-
-    def exporter_snapshot(self) -> dict[str, Any]:
-        """What the Prometheus collector reads at each scrape (see monitoring/exporter.py)."""
-        with self.lock:
-            return self.views.exporter_snapshot()
-
-    def metrics_since(
-        self, job_id: str, since_step: int, newest: int | None = None, token: str | None = None
-    ) -> list[dict]:
-        """A job's metrics records after `since_step` (`newest`: only that many, the newest):
-        from memory while it reports, older ones than memory keeps (`LiveMetrics.KEEP`) and
-        those of a job that does not report from its metrics log in storage."""
-        self.door.check_read(token, ACTOR)
-        with self.lock:
-            job = self._job(job_id)
-            live = self.live.get(job_id)
-            kept = live.since(since_step, newest) if live is not None else []
-            if kept and (len(kept) == newest or not live.older_than(since_step)):
-                return kept
-            run_uri = run_folder.run_uri(job.spec, job.run)
-        return with_logged(kept, run_uri, since_step, newest)
-
-    def checkpoints(self, job_id: str, token: str | None = None) -> list[str]:
-        self.door.check_read(token, ACTOR)
-        with self.lock:
-            job = self._job(job_id)
-            run_uri = run_folder.run_uri(job.spec, job.run)
-        try:
-            return run_folder.checkpoints(run_uri)
-        except OSError:
-            return []
 
     # -- helpers -------------------------------------------------------------------------------
 
