@@ -18,7 +18,8 @@ def serve_page(service, host: str, port: int):
     from orchestrator.monitoring.web import make_app, serve
 
     try:
-        app = make_app(PageView(service), registry_for(service), submitter=service, gate=service.door)
+        view = PageView(service)
+        app = make_app(view, registry_for(service), submitter=service, gate=service.door, calls=service)
         return serve(app, host, port)
     except OSError as err:
         log.error("status page and metrics not served on %s:%s: %s", host, port, err)

@@ -11,7 +11,11 @@ by the service's door (`orchestrator/service/access.py`) before any route runs.
 A request without a token is whoever the door takes it for: the local admin while the page
 listens on loopback only (the quick start needs no login), else nobody. A token that is sent
 is always checked, an empty one too. A refusal is one line of JSON (`{"error"}`) with 401 or
-403; the page itself sends a browser without a valid token to the login form. Imports no Ray.
+403; the page itself sends a browser without a valid token to the login form. A change (a
+route the service decides itself: web_calls.py, the submission) reaches the service whatever
+the token, so that it logs the refusal too; it must come as JSON (else 415), which a browser
+sends to another site only after a CORS preflight this server never answers: no other page
+can make a visitor's browser change anything. Imports no Ray.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 COOKIE = "orchestrator_token"
 COOKIE_MAX_AGE_S = 7 * 24 * 3600
 OPEN_PATHS = ("/login", "/api/authenticate", "/api/logout", "/static/")  # reachable before a login
+READING_METHODS = ("GET", "HEAD", "OPTIONS")
 MAX_FORM_BYTES = 4096  # a token is a few dozen characters
 # the login form posts to the page itself; everything else as the page's own policy
 LOGIN_POLICY = (
@@ -68,7 +73,9 @@ def gatekeeper(gate: Gate):
     async def check(request: web.Request, handler) -> web.StreamResponse:
         if request.path.startswith(OPEN_PATHS) or request.path == "/favicon.ico":
             return await handler(request)
-        if request.method == "POST" and request.path == "/api/jobs":
+        if request.method not in READING_METHODS and not _is_json(request):
+            return _not_json()
+        if getattr(request.match_info.handler, "decides_itself", False):
             return await handler(request)  # the service decides, and logs a refusal too
         verdict = gate.verdict(token_of(request), "http", Action.READ)
         if not verdict.allowed:
@@ -76,6 +83,20 @@ def gatekeeper(gate: Gate):
         return await handler(request)
 
     return check
+
+
+def _is_json(request: web.Request) -> bool:
+    return request.content_type == "application/json"
+
+
+def _not_json() -> web.Response:
+    """A change that is not JSON: a form another site's page posts (our cookie is SameSite,
+    but on loopback no token at all is the local admin)."""
+    return web.json_response(
+        {"error": "a change must be sent as Content-Type: application/json"},
+        status=415,
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 def add_login_routes(app: web.Application, gate: Gate) -> None:

@@ -317,16 +317,16 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
 
     # -- the CLI ------------------------------------------------------------------------------
 
-    def stop(self, job_id: str, now: bool = False, token: str | None = None) -> dict:
+    def stop(self, job_id: str, now: bool = False, token: str | None = None, route: str = ACTOR) -> dict:
         """Checkpoint and stop a job (a queued one just leaves the queue); `now`: kill it."""
-        with self.lock, self.door.acting(token, ACTOR, Action.STOP, lambda: self.job_target(job_id), now=now):
+        with self.lock, self.door.acting(token, route, Action.STOP, lambda: self.job_target(job_id), now=now):
             job = self._job(job_id)
             self.lifecycle.stop(job, time.time(), at_once=now)
             return self._view(job)
 
-    def preempt(self, job_id: str, token: str | None = None) -> dict:
+    def preempt(self, job_id: str, token: str | None = None, route: str = ACTOR) -> dict:
         """Checkpoint a running job and put it back in the queue."""
-        with self.lock, self.door.acting(token, ACTOR, Action.PREEMPT, lambda: self.job_target(job_id)):
+        with self.lock, self.door.acting(token, route, Action.PREEMPT, lambda: self.job_target(job_id)):
             job = self._job(job_id)
             if not job.state.holds_resources:
                 raise ValueError(f"{job_id} is {job.state.value}: only a running job can be preempted")

@@ -4,7 +4,8 @@ the running service and kept in the store, so that a restart applies it again. A
 `lock` and `_wake`; imports no Ray.
 
 Applying goes through the door like every other change (`access.py`): an admin's call only,
-its audit entry written first.
+its audit entry written first. A configuration sent over HTTP (`PUT /api/queues`) is checked
+against the schema again here, since anyone holding a token may send one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from core.queues import QueueConfig, validate_queue_config
 from core.spec import SpecError
 from orchestrator.policy.permissions import Action
 from orchestrator.policy.policy import Policy
-from orchestrator.service.access import ACTOR, Door
+from orchestrator.service.access import ACTOR, HTTP, Door
 
 log = logging.getLogger("orchestrator.service")
 
@@ -52,6 +53,19 @@ class QueueCalls:
         for the next start. Refused (ValueError, nothing changed) when a queue has a --quota."""
         detail = {"queues": None if queues is None else sorted(queues.queues)}
         with self.lock, self.door.acting(token, ACTOR, Action.QUEUES_APPLY, **detail):
+            self._apply_queues(queues)
+        self._wake.set()
+        return self.queues_view()
+
+    def apply_queues(self, raw: dict | None, token: str | None = None, route: str = HTTP) -> dict | None:
+        """A configuration as JSON (None: back to none), validated once the caller is known to
+        be allowed: a bad one is a `failed` entry and a ValueError of its first problem."""
+        names = sorted(raw.get("queues") or {}) if isinstance(raw, dict) else None
+        with self.lock, self.door.acting(token, route, Action.QUEUES_APPLY, queues=names):
+            try:
+                queues = None if raw is None else validate_queue_config(raw, "queue configuration")
+            except SpecError as err:
+                raise ValueError(str(err).splitlines()[0]) from None
             self._apply_queues(queues)
         self._wake.set()
         return self.queues_view()

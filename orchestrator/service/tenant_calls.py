@@ -47,21 +47,23 @@ class TenantCalls:
 
     # -- users -------------------------------------------------------------------------------
 
-    def add_user(self, token: str | None, name: str, team: str, role: str) -> dict[str, Any]:
+    def add_user(
+        self, token: str | None, name: str, team: str, role: str, route: str = ACTOR
+    ) -> dict[str, Any]:
         """A new user and its token, which exists in the clear only in this reply."""
         detail = {"user": name, "team": team, "role": role}
-        with self.lock, self.door.acting(token, ACTOR, Action.USERS_MANAGE, verb="add", **detail) as me:
+        with self.lock, self.door.acting(token, route, Action.USERS_MANAGE, verb="add", **detail) as me:
             new = self.door.tenants.add(name, team, role, by=me.user)
         return {**detail, "token": new}
 
-    def list_users(self, token: str | None) -> list[dict[str, Any]]:
-        self.door.check_read(token, ACTOR, Action.USERS_MANAGE)
+    def list_users(self, token: str | None, route: str = ACTOR) -> list[dict[str, Any]]:
+        self.door.check_read(token, route, Action.USERS_MANAGE)
         with self.lock:
             return self.door.tenants.list_users()
 
-    def revoke_user(self, token: str | None, name: str) -> dict[str, Any]:
+    def revoke_user(self, token: str | None, name: str, route: str = ACTOR) -> dict[str, Any]:
         """The user's token stops working now, for every route."""
-        with self.lock, self.door.acting(token, ACTOR, Action.USERS_MANAGE, verb="revoke", user=name) as me:
+        with self.lock, self.door.acting(token, route, Action.USERS_MANAGE, verb="revoke", user=name) as me:
             return self.door.tenants.revoke(name, by=me.user).view()
 
     def scrape_token(self, token: str | None = None) -> str:
@@ -79,7 +81,12 @@ class TenantCalls:
     # -- the audit log -----------------------------------------------------------------------
 
     def audit(
-        self, token: str | None, since: float | None, until: float | None = None, user: str | None = None
+        self,
+        token: str | None,
+        since: float | None,
+        until: float | None = None,
+        user: str | None = None,
+        route: str = ACTOR,
     ) -> list[dict[str, Any]]:
         """Entries between since and until (either open), of `user` if given, oldest first."""
-        return self.door.read_audit(token, ACTOR, since, until, user)
+        return self.door.read_audit(token, route, since, until, user)
