@@ -3,12 +3,14 @@
 Two ways in. The service's HTTP API (the status page's server, `monitoring/web.py`) answers in
 milliseconds and leaves nothing behind; joining the cluster as a Ray driver to call the service
 actor takes seconds on a small machine and leaves a row in Ray's job list for every command.
-The CLI reads over HTTP when `orchestrator up` recorded the service's page on this machine and
-no --address names another cluster; when the page cannot be reached (a service restarted on
-another port, a page turned off, a cluster without token auth) it joins the cluster instead.
-Submitting over HTTP sends the caller's own token, else the cluster's Ray token (whose holder
-is the cluster's admin); the service checks either, and a refusal (400, 401, 403) is final:
-the CLI prints its one line and does not try the cluster instead.
+The CLI reads, submits, stops, preempts, applies queues, manages users and reads the audit log
+over HTTP when `orchestrator up` recorded the service's page on this machine and no --address
+names another cluster: a user needs only its own token, never the Ray cluster's. When the page
+cannot be reached (a service restarted on another port, a page turned off, a service from
+before a route) it joins the cluster instead, which needs the Ray token. Submitting over HTTP
+sends the caller's own token, else the cluster's Ray token (whose holder is the cluster's
+admin); the service checks either, and a refusal (400, 401, 403) is final: the CLI prints its
+one line and does not try the cluster instead.
 
 Actor calls are retried while Ray restarts the service actor (a restart reloads the queue from
 the store within seconds); an error the service raises on purpose (an unknown job, a job too
@@ -46,6 +48,7 @@ TOKEN_ENV = "ORCHESTRATOR_TOKEN"  # the caller's token, as kubectl and Ray read 
 TOKEN_PREFIX = "orch_"  # every user token starts so (the service makes them: service/tenants.py)
 MAX_TOKEN_CHARS = 256  # longer is not one of ours
 SUBMIT_TIMEOUT_S = 120.0  # a large project directory travels in the request
+CHANGE_TIMEOUT_S = 120.0  # a change waits for the service's lock, as long as an actor call may
 
 
 # -- who is calling ------------------------------------------------------------------------------
@@ -92,6 +95,10 @@ class Unreachable(Exception):
     """No answer from the recorded page: use the cluster instead."""
 
 
+class NoAnswer(UsageError):
+    """A change sent over HTTP that timed out: it may have been done. One line, exit status 2."""
+
+
 def recorded_page(address: str | None) -> str | None:
     """The service page `orchestrator up` recorded here, unless --address asks for a cluster."""
     if address:
@@ -103,29 +110,54 @@ def recorded_page(address: str | None) -> str | None:
 
 def api_get(page: str, path: str):
     """GET `path` of the page's API as JSON; None for a 404 (an unknown job)."""
+    return _api(page, "GET", path, refusing=(401, 403))  # joining the cluster would not make the token valid
+
+
+def api_send(page: str, method: str, path: str, body: dict | None = None):
+    """A change (`method`: POST, PUT, DELETE) of `path` with a JSON body and the caller's
+    token: the reply's JSON; None when the service does not know the job `path` names. A
+    refusal (400, 401, 403, 503) is final: `Refused`; a page without the route (a service
+    from before) is `Unreachable`, as no answer is; a timeout is `NoAnswer`: the call may have
+    been done, so it is not sent again another way."""
+    return _api(page, method, path, body or {}, CHANGE_TIMEOUT_S, (*REFUSING, 503))
+
+
+def _api(page: str, method: str, path: str, body=None, timeout=TIMEOUT_S, refusing=REFUSING):
     url = f"{page.rstrip('/')}/api/{path.lstrip('/')}"
+    headers = auth_headers()
+    data = None if body is None else json.dumps(body).encode()
+    if data is not None:
+        headers["Content-Type"] = "application/json"
     try:
         with urllib.request.urlopen(
-            urllib.request.Request(url, headers=auth_headers()), timeout=TIMEOUT_S
+            urllib.request.Request(url, data, headers, method=method), timeout=timeout
         ) as reply:
             return json.load(reply)
     except urllib.error.HTTPError as err:
-        if err.code == 404:
+        line = _service_line(err)  # None: not the service's answer (an old page, a proxy)
+        if err.code == 404 and (line is not None or method == "GET"):
             return None
-        if err.code in (401, 403):  # joining the cluster would not make the token valid
-            raise Refused(_error_of(err)) from None
+        if err.code in refusing and (line is not None or err.code in (401, 403)):
+            raise Refused(line or f"HTTP {err.code}") from None
         raise Unreachable(f"{url}: HTTP {err.code}") from None
-    except (OSError, ValueError) as err:  # refused, timed out, not our JSON
+    except TimeoutError:
+        if method == "GET":
+            raise Unreachable(f"{url}: no answer in {timeout:g} s") from None
+        raise NoAnswer(
+            f"the orchestrator service did not answer within {timeout:g} s; the {method} may have "
+            "been done: `orchestrator audit` (admins) or `orchestrator status ID` shows"
+        ) from None
+    except (OSError, ValueError) as err:  # refused, not our JSON
         raise Unreachable(f"{url}: {err}") from None
 
 
 def api_job(page: str, job_id: str) -> dict | None:
-    return api_get(page, f"jobs/{urllib.parse.quote(job_id, safe='')}")
+    return api_get(page, job_path(job_id))
 
 
 def api_metrics_since(page: str, job_id: str, since_step: int) -> list[dict]:
     """The job's metrics records with step > since_step."""
-    return api_get(page, f"jobs/{urllib.parse.quote(job_id, safe='')}/metrics?since={since_step}") or []
+    return api_get(page, f"{job_path(job_id, 'metrics')}?since={since_step}") or []
 
 
 def api_submit(page: str, token: str, specs: list[dict], options: list[dict], package: bytes) -> list[dict]:
@@ -149,10 +181,15 @@ def api_submit(page: str, token: str, specs: list[dict], options: list[dict], pa
 
 
 def _error_of(err: urllib.error.HTTPError) -> str:
+    return _service_line(err) or f"HTTP {err.code}"
+
+
+def _service_line(err: urllib.error.HTTPError) -> str | None:
+    """The service's one line in an error's JSON body (`{"error"}`), else None."""
     try:
         return str(json.load(err)["error"])
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {err.code}"
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
 
 
 # -- the service actor ---------------------------------------------------------------------------
@@ -247,18 +284,44 @@ def connected_service(address: str | None, required: bool = False) -> Iterator:
         yield service
 
 
-# -- a job the service may know ------------------------------------------------------------------
+# -- a call of the service, whichever way in -----------------------------------------------------
 
 
-def queued_job(address: str | None, method: str, *params) -> dict | None:
+def job_path(job_id: str, *more: str) -> str:
+    """The API's path of a job (and of a call on it): `jobs/ID/stop`."""
+    return "/".join(["jobs", urllib.parse.quote(job_id, safe=""), *more])
+
+
+def through_service(address: str | None, http: tuple, method: str, *params):
+    """The service's answer to a call: over its HTTP API when `up` recorded the page here
+    (`http`: the verb, the path under /api/ and, for a change, the JSON body), which needs
+    only the caller's own token; else, or when the page does not answer, by joining the
+    cluster (which needs the Ray token) to call the actor's `method(*params)`. A refusal
+    either way is final: `Refused`, one line."""
+    page = recorded_page(address)
+    if page:
+        verb, path, *body = http
+        try:
+            return api_get(page, path) if verb == "GET" else api_send(page, verb, path, *body)
+        except Unreachable:
+            pass
+    with connected_service(address, required=True) as service:
+        try:
+            return call(getattr(service, method), *params)
+        except ServiceError as err:
+            raise Refused(str(err)) from None
+
+
+def queued_job(address: str | None, method: str, *params, http: tuple | None = None) -> dict | None:
     """Ask the orchestrator service about a job it knows (`status`, `stop`); None when there is
     no service or it does not know the id (then the id is a Ray Job submission id, for Ray's
-    Jobs API). A status is read from the service's HTTP API when `up` recorded it here (no
-    need to join the cluster); otherwise, or when the page does not answer, from the actor."""
-    page = recorded_page(address) if method == "status" else None
+    Jobs API). A status is read, and a call with an `http` route sent, over the service's HTTP
+    API when `up` recorded it here (no need to join the cluster, nor to hold its token);
+    otherwise, or when the page does not answer, through the actor."""
+    page = recorded_page(address) if method == "status" or http else None
     if page:
         try:
-            return api_job(page, params[0])
+            return api_job(page, params[0]) if http is None else api_send(page, *http)
         except Unreachable:
             pass
     if service_address(address) is None:  # joining the cluster below takes seconds

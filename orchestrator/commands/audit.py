@@ -3,7 +3,8 @@
 Every state-changing call the service answered (submit, stop, preempt, resize, queue and user
 changes): when, who (user and team), what, on what, and the outcome: allowed, refused (with the
 line the caller got) or failed. The log is in the job store (orchestrator/service/audit.py);
-admins read it through the service's `audit` call, with the caller's token.
+admins read it through the service's `audit` call (over its HTTP API where `up` recorded the
+page, else as an actor call), with the caller's token.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import datetime
 import json
 import re
 import time
+import urllib.parse
 
 from orchestrator.commands.options import add_address, with_cluster_errors
 from orchestrator.errors import UsageError
@@ -62,14 +64,16 @@ def entry_line(entry: dict) -> str:
 
 def handle_audit(args) -> int:
     from orchestrator import client
-    from orchestrator.commands.queue_views import required_service
 
     since = parse_since(args.since, time.time())
-    with required_service(args.address) as service:
-        try:
-            entries = client.call(service.audit, client.caller_token(), since, None, args.user)
-        except client.ServiceError as err:
-            raise UsageError(f"audit: {err}") from None
+    query = urllib.parse.urlencode({"since": since, **({"user": args.user} if args.user else {})})
+    route = ("GET", f"audit?{query}")
+    try:
+        entries = client.through_service(
+            args.address, route, "audit", client.caller_token(), since, None, args.user
+        )
+    except client.Refused as err:
+        raise client.Refused(f"audit: {err}") from None
     if args.json:
         print(json.dumps(entries, indent=1, sort_keys=True))
         return 0

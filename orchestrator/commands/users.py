@@ -5,9 +5,10 @@ service (an admin's commands; the service checks, whoever asks).
 what to do with it on stderr; the service keeps only its hash. `revoke` ends a token at once.
 Names are checked here before anything is sent: a bad one is one line, exit status 2.
 
-The calls reach the service actor with the caller's token (`client.caller_token()`): without
-one the caller is the Ray token's holder, the cluster's admin (docs/security.md). The service's
-side is `add_user`, `list_users` and `revoke_user` (orchestrator/service/tenants.py).
+The calls go to the service's HTTP API with the caller's token (`client.caller_token()`), else
+to the service actor (joining the cluster, with the Ray token): without a token of its own the
+caller is then the Ray token's holder, the cluster's admin (docs/security.md). The service's
+side is `add_user`, `list_users` and `revoke_user` (orchestrator/service/tenant_calls.py).
 """
 
 from __future__ import annotations
@@ -54,22 +55,22 @@ def check_name(kind: str, name: str) -> None:
         raise UsageError(f"users: {kind} name {name!r} is not valid: {NAME_RULE}")
 
 
-def call_service(address: str | None, verb: str, method: str, *params):
-    """`method` of the service, with the caller's token first; its refusals are one line."""
+def call_service(address: str | None, verb: str, http: tuple, method: str, *params):
+    """`method` of the service (over `http` where the page answers), with the caller's token
+    first; its refusals are one line."""
     from orchestrator import client
-    from orchestrator.commands.queue_views import required_service
 
-    with required_service(address) as service:
-        try:
-            return client.call(getattr(service, method), client.caller_token(), *params)
-        except client.ServiceError as err:
-            raise UsageError(f"users {verb}: {err}") from None
+    try:
+        return client.through_service(address, http, method, client.caller_token(), *params)
+    except client.Refused as err:
+        raise client.Refused(f"users {verb}: {err}") from None
 
 
 def handle_add(args) -> int:
     check_name("user", args.name)
     check_name("team", args.team)
-    added = call_service(args.address, "add", "add_user", args.name, args.team, args.role)
+    body = {"name": args.name, "team": args.team, "role": args.role}
+    added = call_service(args.address, "add", ("POST", "users", body), "add_user", *body.values())
     print(added["token"])
     print(
         f"user {args.name} added (team {args.team}, {args.role}); the line above is its token, shown "
@@ -81,7 +82,7 @@ def handle_add(args) -> int:
 
 
 def handle_list(args) -> int:
-    users = call_service(args.address, "list", "list_users")
+    users = call_service(args.address, "list", ("GET", "users"), "list_users")
     if args.json:
         print(json.dumps(users, indent=1, sort_keys=True))
         return 0
@@ -106,6 +107,6 @@ def user_lines(users: list[dict]) -> list[str]:
 
 def handle_revoke(args) -> int:
     check_name("user", args.name)
-    call_service(args.address, "revoke", "revoke_user", args.name)
+    call_service(args.address, "revoke", ("DELETE", f"users/{args.name}"), "revoke_user", args.name)
     print(f"user {args.name} revoked: its token no longer works")
     return 0
