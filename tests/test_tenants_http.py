@@ -45,7 +45,9 @@ def beyond_loopback(service) -> None:
 
 def with_client(service, body):
     """Run `await body(client)` against the service's app on aiohttp's test server."""
-    app = make_app(PageView(service), registry_for(service), submitter=service, gate=service.door)
+    app = make_app(
+        PageView(service), registry_for(service), submitter=service, gate=service.door, calls=service
+    )
 
     async def run():
         async with TestClient(TestServer(app)) as client:
@@ -154,7 +156,11 @@ def test_bad_tokens_are_always_401_never_a_5xx_and_change_nothing(service, token
         if not loopback:
             beyond_loopback(service)
         for kind, token in fuzz.items():
-            users, jobs = json.dumps(service.list_users(None)), set(service.jobs)
+            users, jobs, queues = (
+                json.dumps(service.list_users(None)),
+                set(service.jobs),
+                service.store.load_queues(),
+            )
             statuses = with_client(service, lambda client, token=token: _every_route(client, token))
             assert set(statuses.values()) == {401}, (kind, loopback, statuses)
             for call in (  # the actor's calls: the same door
@@ -165,7 +171,17 @@ def test_bad_tokens_are_always_401_never_a_5xx_and_change_nothing(service, token
                 with pytest.raises(Denied) as caught:
                     call()
                 assert caught.value.status == 401, kind
-            assert (json.dumps(service.list_users(None)), set(service.jobs)) == (users, jobs), kind
+            after = json.dumps(service.list_users(None)), set(service.jobs), service.store.load_queues()
+            assert after == (users, jobs, queues), kind
+
+
+CHANGES = (  # the service's other changes (web_calls.py), on a job that exists or not
+    ("POST", "/api/jobs/x/stop", {"now": True}),
+    ("POST", "/api/jobs/x/preempt", {}),
+    ("PUT", "/api/queues", {"config": None}),
+    ("POST", "/api/users", {"name": "eve", "team": "ops", "role": "admin"}),
+    ("DELETE", "/api/users/ada", {}),
+)
 
 
 async def _every_route(client, token: str) -> dict[str, int]:
@@ -180,8 +196,13 @@ async def _every_route(client, token: str) -> dict[str, int]:
         headers = {k: v.decode("latin-1") for k, v in headers.items()}  # the bytes as sent
         for path in READS + ("/api/jobs/x",):
             statuses[f"{how} GET {path}"] = (await client.get(path, headers=headers)).status
+        for path in ("/api/users", "/api/audit?since=0", "/api/sweeps/x"):
+            statuses[f"{how} GET {path}"] = (await client.get(path, headers=headers)).status
         reply = await client.post("/api/jobs", json=submission("shared"), headers=headers)
         statuses[f"{how} POST /api/jobs"] = reply.status
+        for method, path, body in CHANGES:
+            reply = await client.request(method, path, json=body, headers=headers)
+            statuses[f"{how} {method} {path}"] = reply.status
     login = await client.post("/api/authenticate", data={"token": token}, allow_redirects=False)
     statuses["login"] = login.status
     return statuses
