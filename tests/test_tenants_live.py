@@ -5,17 +5,22 @@ line (exit status 2), nothing changes, and the audit log has the refusal; an adm
 revoked token is refused at once. LAS counts service per authenticated user: two jobs sent
 from the same machine by two users' tokens are two users' jobs.
 
-The CLI runs as a user with $ORCHESTRATOR_TOKEN (it then submits and reads over the page with
-that token, and hands it to the service's actor calls); without it, as the fixture's, it is
-the Ray token's holder. Users get a suffix of their own: the session's service is shared.
+The CLI runs as a user with $ORCHESTRATOR_TOKEN (it then submits, reads, stops and preempts
+over the page with that token); without it, as the fixture's, it is the Ray token's holder. A
+member with only its own token, no Ray token anywhere in its environment, submits, reads and
+stops its own job over the page, and is refused another team's. Users get a suffix of their
+own: the session's service is shared.
 """
 
 import json
+import os
 import secrets
+import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import SERVICE_SPEC, run_cli
+from tests.conftest import ROOT, SERVICE_SPEC, run_cli
 from tests.test_service import when
 
 SUFFIX = secrets.token_hex(2)
@@ -30,6 +35,24 @@ las: {{thresholds_gpu_s: [1000000], min_run_s: 3}}
 
 def as_user(service, token: str, *args: str):
     return run_cli(*args, env={**service.env, "ORCHESTRATOR_TOKEN": token}, timeout=240)
+
+
+def as_member_only(service, token: str, home, *args: str) -> subprocess.CompletedProcess:
+    """The CLI as a user holding its own token and nothing of the Ray cluster's: the fixture's
+    environment carries the Ray token (`RAY_AUTH_TOKEN_PATH`), which is left out, and HOME is
+    a folder of its own (no ~/.ray/auth_token); with RAY_AUTH_MODE=token still set, joining
+    the cluster would fail. `up`'s record (ORCHESTRATOR_HOME) names the service's page."""
+    keep = {**os.environ, **service.env}
+    env = {k: v for k, v in keep.items() if not k.startswith("RAY_AUTH_TOKEN") and k != "RAY_ADDRESS"}
+    env.update(HOME=str(home), ORCHESTRATOR_TOKEN=token, PYTHONPATH=str(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
 
 def add_user(service, name: str, team: str, role: str = "member") -> str:
@@ -154,3 +177,34 @@ def test_las_counts_service_per_authenticated_user(service, teams):
     assert first["team"] == TEAM_B and second["team"] == TEAM_A
     assert when(first, "admitted") < when(second, "admitted"), "bert (no service yet) goes first"
     assert when(second, "admitted") >= when(done, "succeeded")  # no LAS preemption at level 0
+
+
+@pytest.mark.timeout(600)
+def test_a_member_without_the_ray_token_stops_its_own_job_over_http_and_not_another_teams(
+    service, teams, tmp_path
+):
+    ann, bert = teams["ann"], teams["bert"]
+    home = tmp_path / "ann-home"
+    home.mkdir()
+    submitted = as_member_only(service, ann, home, *submit_args("qa", "anns-own", 100_000, service.runs))
+    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+    anns = submitted.stdout.split()[0]
+    service.wait(anns, lambda j: j["state"] == "running", what="running")
+    berts = submit_as(service, bert, "qb", "berts-waiting", steps=30)  # waits: ann's job fills the cluster
+    listed = as_member_only(service, ann, home, "queue")
+    assert listed.returncode == 0 and anns in listed.stdout and berts in listed.stdout, listed.stderr
+
+    refused_in_one_line(as_member_only(service, ann, home, "stop", berts), berts, "its own jobs")
+    refused_in_one_line(as_member_only(service, ann, home, "preempt", berts), berts, "its own jobs")
+    assert service.job(berts)["state"] == "queued"
+    stopped = as_member_only(service, ann, home, "stop", anns)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    service.wait(anns, lambda j: j["state"] == "stopped", what="stopped")
+    service.done(berts)  # the room ann's job held
+
+    mine = [e for e in audit(service) if e["user"] == f"ann-{SUFFIX}" and e["action"] in ("stop", "preempt")]
+    assert {(e["action"], e["target"], e["outcome"], e["route"]) for e in mine} >= {
+        ("stop", f"job {berts} of bert-{SUFFIX}", "refused", "http"),
+        ("preempt", f"job {berts} of bert-{SUFFIX}", "refused", "http"),
+        ("stop", f"job {anns} of ann-{SUFFIX}", "allowed", "http"),
+    }
