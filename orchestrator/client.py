@@ -4,13 +4,14 @@ Two ways in. The service's HTTP API (the status page's server, `monitoring/web.p
 milliseconds and leaves nothing behind; joining the cluster as a Ray driver to call the service
 actor takes seconds on a small machine and leaves a row in Ray's job list for every command.
 The CLI reads, submits, stops, preempts, applies queues, manages users and reads the audit log
-over HTTP when `orchestrator up` recorded the service's page on this machine and no --address
-names another cluster: a user needs only its own token, never the Ray cluster's. When the page
-cannot be reached (a service restarted on another port, a page turned off, a service from
-before a route) it joins the cluster instead, which needs the Ray token. Submitting over HTTP
-sends the caller's own token, else the cluster's Ray token (whose holder is the cluster's
-admin); the service checks either, and a refusal (400, 401, 403) is final: the CLI prints its
-one line and does not try the cluster instead.
+over HTTP when `orchestrator up` recorded the service's page on this machine (or
+$ORCHESTRATOR_URL names it) and no --address names another cluster: a user needs only its own
+token, never the Ray cluster's. When the page cannot be reached (a service restarted on
+another port, a page turned off, a service from before a route) it joins the cluster instead,
+which needs the Ray token. Submitting over HTTP sends the caller's own token, else the
+cluster's Ray token (whose holder is the cluster's admin); the service checks either, and a
+refusal (400, 401, 403) is final: the CLI prints its one line and does not try the cluster
+instead.
 
 Actor calls are retried while Ray restarts the service actor (a restart reloads the queue from
 the store within seconds); an error the service raises on purpose (an unknown job, a job too
@@ -45,6 +46,7 @@ NAMESPACE = "orchestrator"
 
 TIMEOUT_S = 5.0
 TOKEN_ENV = "ORCHESTRATOR_TOKEN"  # the caller's token, as kubectl and Ray read theirs from the environment
+PAGE_ENV = "ORCHESTRATOR_URL"  # the service's page (http://HEAD:8266), where `up` left no record
 TOKEN_PREFIX = "orch_"  # every user token starts so (the service makes them: service/tenants.py)
 MAX_TOKEN_CHARS = 256  # longer is not one of ours
 SUBMIT_TIMEOUT_S = 120.0  # a large project directory travels in the request
@@ -100,12 +102,13 @@ class NoAnswer(UsageError):
 
 
 def recorded_page(address: str | None) -> str | None:
-    """The service page `orchestrator up` recorded here, unless --address asks for a cluster."""
+    """The service's page: $ORCHESTRATOR_URL (a user's machine, where `up` never ran), else
+    the one `orchestrator up` recorded here; None when --address asks for a cluster."""
     if address:
         return None
     from orchestrator.ray import cluster
 
-    return (cluster.read_state() or {}).get("status_page")
+    return os.environ.get(PAGE_ENV, "").strip() or (cluster.read_state() or {}).get("status_page")
 
 
 def api_get(page: str, path: str):

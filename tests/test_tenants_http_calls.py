@@ -358,3 +358,16 @@ def test_a_member_may_not_apply_queues_or_manage_users_through_the_page_and_an_a
         ("users-manage", "refused"),
     }
     assert member_cli("ann", "users", "list") == 2 and member_cli("ada", "users", "revoke", "eve") == 0
+
+
+def test_a_member_on_another_machine_finds_the_page_by_orchestrator_url(
+    service, member_cli, tokens, tmp_path, monkeypatch, capsys
+):
+    """No record of `up` on a user's own machine: $ORCHESTRATOR_URL names the page."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(elsewhere))
+    monkeypatch.setenv("ORCHESTRATOR_URL", service.page_url)
+    anns = submit(service, tokens["ann"], "vision-gpu")
+    assert member_cli("ann", "queue") == 0 and anns in capsys.readouterr().out
+    assert member_cli("ann", "stop", anns) == 0 and service.jobs[anns].state is JobState.STOPPED
