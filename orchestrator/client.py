@@ -125,9 +125,12 @@ def api_send(page: str, method: str, path: str, body: dict | None = None):
     return _api(page, method, path, body or {}, CHANGE_TIMEOUT_S, (*REFUSING, 503))
 
 
-def _api(page: str, method: str, path: str, body=None, timeout=TIMEOUT_S, refusing=REFUSING):
+def _api(page: str, method: str, path: str, body=None, timeout=TIMEOUT_S, refusing=REFUSING, token=None):
+    """`token`: sent instead of the caller's (the Ray token, after a 401 to a caller without a
+    token of its own: a page that asks every request for one, and the Ray token's holder,
+    the cluster's admin, behind the CLI; nothing is done on a 401, so asking again is safe)."""
     url = f"{page.rstrip('/')}/api/{path.lstrip('/')}"
-    headers = auth_headers()
+    headers = {"Authorization": f"Bearer {token}"} if token else auth_headers()
     data = None if body is None else json.dumps(body).encode()
     if data is not None:
         headers["Content-Type"] = "application/json"
@@ -138,6 +141,9 @@ def _api(page: str, method: str, path: str, body=None, timeout=TIMEOUT_S, refusi
             return json.load(reply)
     except urllib.error.HTTPError as err:
         line = _service_line(err)  # None: not the service's answer (an old page, a proxy)
+        ray_token = _ray_token() if err.code == 401 and not headers.get("Authorization") else None
+        if ray_token:
+            return _api(page, method, path, body, timeout, refusing, ray_token)
         if err.code == 404 and (line is not None or method == "GET"):
             return None
         if err.code in refusing and (line is not None or err.code in (401, 403)):
@@ -152,6 +158,12 @@ def _api(page: str, method: str, path: str, body=None, timeout=TIMEOUT_S, refusi
         ) from None
     except (OSError, ValueError) as err:  # refused, not our JSON
         raise Unreachable(f"{url}: {err}") from None
+
+
+def _ray_token() -> str | None:
+    from orchestrator.ray import cluster
+
+    return cluster.read_token()
 
 
 def api_job(page: str, job_id: str) -> dict | None:

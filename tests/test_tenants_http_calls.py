@@ -371,3 +371,24 @@ def test_a_member_on_another_machine_finds_the_page_by_orchestrator_url(
     anns = submit(service, tokens["ann"], "vision-gpu")
     assert member_cli("ann", "queue") == 0 and anns in capsys.readouterr().out
     assert member_cli("ann", "stop", anns) == 0 and service.jobs[anns].state is JobState.STOPPED
+
+
+def test_the_ray_tokens_holder_without_a_token_of_its_own_is_the_admin_where_every_call_needs_one(
+    service, member_cli, tokens, monkeypatch, capsys
+):
+    """`up --require-login`: the CLI, refused (401) without a token, asks again with the Ray
+    token from this machine, whose holder is the cluster's admin."""
+    from tests.tenant_harness import RAY_TOKEN
+
+    anns = submit(service, tokens["ann"], "vision-gpu")
+    monkeypatch.setenv("ORCHESTRATOR_TOKEN", "")
+    monkeypatch.setattr("orchestrator.client.caller_token", lambda: None)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", RAY_TOKEN)
+    from orchestrator.cli import main
+
+    assert main(["stop", anns]) == 0 and service.jobs[anns].state is JobState.STOPPED
+    stops = [(e["user"], e["outcome"]) for e in entries(service, action="stop")]
+    assert stops == [(None, "refused"), ("cluster-admin", "allowed")]
+    monkeypatch.delenv("RAY_AUTH_TOKEN")
+    monkeypatch.setenv("HOME", "/nonexistent")  # no ~/.ray/auth_token either
+    assert main(["queue"]) == 2 and "no token was sent" in capsys.readouterr().err
