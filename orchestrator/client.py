@@ -20,7 +20,9 @@ big for the cluster) becomes a `ServiceError` with the service's one-line messag
 Who is calling: the caller's own token (`caller_token`: $ORCHESTRATOR_TOKEN, else the file
 `orchestrator login` wrote), sent with every HTTP request as `Authorization: Bearer` and
 handed to the service's user calls; the service derives the user and team from it, never from
-what the request says (`orchestrator/service/tenants.py`, docs/security.md).
+what the request says (`orchestrator/service/tenants.py`, docs/security.md). A caller without
+one that the page refuses (401: `up --require-login`) asks once more with this machine's Ray
+token, if any: its holder is the cluster's admin, as on an actor call.
 
 Imports neither Ray nor torch at module level (the HTTP way in needs neither), nor the service
 actor's module: the names the actor is registered under live here, and it imports them.
