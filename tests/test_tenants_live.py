@@ -168,10 +168,12 @@ def test_las_counts_service_per_authenticated_user(service, teams):
     machine, bert's goes first although ann's was sent first: the queue tells the users
     apart by their tokens (a client-sent name would have made them one user)."""
     ann, bert = teams["ann"], teams["bert"]
-    running = submit_as(service, ann, "fair", "fair-running", steps=400)
+    name = service.paced(f"fair-running-{SUFFIX}")  # still running when the two others wait
+    running = submit_as(service, ann, "fair", name, steps=400)
     service.wait(running, lambda j: j["state"] == "running" and j["step"] >= 20, what="progress")
     anns = submit_as(service, ann, "fair", "fair-ann")
     berts = submit_as(service, bert, "fair", "fair-bert")
+    service.release(name)
     first, second, done = service.done(berts), service.done(anns), service.done(running)
     assert (first["user"], second["user"]) == (f"bert-{SUFFIX}", f"ann-{SUFFIX}")
     assert first["team"] == TEAM_B and second["team"] == TEAM_A
