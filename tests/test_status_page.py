@@ -819,9 +819,16 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "the page"):
         time.sleep(0.1)
 
 
+def clean_console(browser) -> None:
+    """No page open and an empty console: the page a test before left open polls a server
+    since stopped, and a poll refused between clearing and the next page would be counted."""
+    browser.get("about:blank")
+    browser.get_log("browser")
+
+
 def load(browser, url: str, rows: str, count: int | None = None, what: str = "the rows"):
     """Open the page on a clean console and wait for `count` elements of `rows` (any, if None)."""
-    browser.get_log("browser")  # start from a clean console
+    clean_console(browser)
     browser.get(url)
     found = lambda: browser.find_elements("css selector", rows)  # noqa: E731
     wait_for(lambda: found() if count is None else len(found()) == count, what=what)
@@ -879,7 +886,7 @@ def test_page_shows_the_queue_and_live_curves(browser, registry):
     server, url = serve(make_app(source, registry), "127.0.0.1", 0)
     source.start_training()
     try:
-        browser.get_log("browser")  # start from a clean console
+        clean_console(browser)
         browser.get(url)
         rows = wait_for(
             lambda: (
@@ -979,7 +986,7 @@ def test_page_shows_where_each_jobs_time_went(browser):
     source = FakeService()
     server, url = serve(make_app(source), "127.0.0.1", 0)
     try:
-        browser.get_log("browser")  # start from a clean console
+        clean_console(browser)
         browser.get(url)
         wait_for(
             lambda: len(browser.find_elements("css selector", "#queue-body tr .ledger")) == len(source.jobs),
@@ -1067,7 +1074,7 @@ def test_spec_strings_are_shown_as_text_never_as_markup(browser):
     source = FakeService(hostile=True)
     server, url = serve(make_app(source), "127.0.0.1", 0)
     try:
-        browser.get_log("browser")  # start from a clean console
+        clean_console(browser)
         browser.get(url)
         wait_for(
             lambda: HOSTILE_NAME in browser.find_element("id", "queue").text, what="the hostile job's row"
@@ -1158,7 +1165,7 @@ def test_job_view_warns_of_stragglers_a_hang_and_avoided_nodes(browser):
     source = troubled_service()
     server, url = serve(make_app(source), "127.0.0.1", 0)
     try:
-        browser.get_log("browser")  # start from a clean console
+        clean_console(browser)
         hung, first, second = open_job_warnings(browser, url, source.running_id, "gpt2-small-owt")
         assert browser.find_element("id", "job-health").is_displayed()
         assert hung["kind"] == "hung" and hung["nodes"] == []
@@ -1230,7 +1237,7 @@ def test_node_ids_and_addresses_are_shown_as_text_never_as_markup(browser):
     source.set_health(source.running_id, stragglers=[straggler], hung=True, avoid_nodes=[HOSTILE_NODE])
     server, url = serve(make_app(source), "127.0.0.1", 0)
     try:
-        browser.get_log("browser")  # start from a clean console
+        clean_console(browser)
         _, shown, avoiding = open_job_warnings(browser, url, source.running_id, "gpt2-small-owt")
         assert shown["text"] == f"Rank 3 on node <i>n</i> ({HOSTILE_IP}) is a straggler: 2.50x {PER_STEP}"
         assert shown["nodes"] == avoiding["nodes"] == [["<i>n</i>", HOSTILE_NODE]]
@@ -1404,7 +1411,7 @@ def test_a_dashboard_address_that_is_not_http_never_becomes_a_link(browser):
     source.info = lambda: {**FakeService.info(source), "dashboard": "javascript:window.__pwned=1"}
     server, url = serve(make_app(source), "127.0.0.1", 0)
     try:
-        browser.get_log("browser")  # start from a clean console
+        clean_console(browser)
         browser.get(url)
         wait_for(lambda: browser.find_elements("css selector", "#queue-body tr"), what="the queue")
         time.sleep(0.3)
@@ -1422,7 +1429,7 @@ def test_page_says_when_the_service_cannot_be_reached_and_keeps_its_data(browser
     server, url = serve(make_app(source), "127.0.0.1", 0)
     stopped = False
     try:
-        browser.get_log("browser")  # start from a clean console
+        clean_console(browser)
         browser.get(url)
         wait_for(
             lambda: browser.find_element("id", "live").get_attribute("data-state") == "ok", what="a poll"
