@@ -25,7 +25,7 @@ ANNS_JOB = JobTarget("j-1", "ann", "vision")
 
 
 def entry(at: float, who: Identity | None = ANN, action=Action.STOP, target=ANNS_JOB):
-    return entry_of(who, action, target, decide(who, action, target), route="http", now=at)
+    return entry_of(who, action, target, decide(who, action, target), route="http", at=at)
 
 
 @pytest.fixture(params=["local", "append-free"])
@@ -80,7 +80,7 @@ def test_an_entry_says_who_when_what_and_the_outcome():
 
 
 def test_what_was_written_is_what_is_read(log, tmp_path):
-    made = entry_of(ROOT, Action.SUBMIT, GPU, decide(ROOT, Action.SUBMIT, GPU), "actor", now=T0, job_id="x-1")
+    made = entry_of(ROOT, Action.SUBMIT, GPU, decide(ROOT, Action.SUBMIT, GPU), "actor", at=T0, job_id="x-1")
     path = log.append(made)
     assert json.loads(open(path).read())["detail"] == {"job_id": "x-1"}
     assert log.read() == [made]
@@ -108,3 +108,10 @@ def test_reading_since_an_hour_lists_only_the_folders_it_needs(log, tmp_path, mo
     recent = log.read(since=T0 + 47 * 3600 - 60)  # the last minute of hour 46, and hour 47
     assert [e.time for e in recent] == [T0 + 47 * 3600 + 10]
     assert len(listed) == 2
+
+
+def test_a_calls_own_now_is_a_detail_never_the_entrys_time():
+    """`orchestrator stop` sends now=False: it once became the entry's time (1970), and
+    `audit --since` never showed the stop."""
+    made = entry_of(ROOT, Action.STOP, ANNS_JOB, decide(ROOT, Action.STOP, ANNS_JOB), "http", now=False)
+    assert made.time > T0 and made.detail == {"now": False}

@@ -77,12 +77,14 @@ def entry_of(
     target: Target,
     verdict: Verdict,
     route: str,
-    now: float | None = None,
+    *,
+    at: float | None = None,
     **detail: Any,
 ) -> Entry:
-    """The entry of one decision (`permissions.decide`) on a call."""
+    """The entry of one decision (`permissions.decide`) on a call, at time `at` (now if None).
+    `detail` is the call's own (a stop's `now`, say): never the entry's time."""
     return Entry(
-        time=time.time() if now is None else now,
+        time=time.time() if at is None else at,
         user=identity.user if identity else None,
         team=identity.team if identity else None,
         role=str(identity.role) if identity else None,
