@@ -61,9 +61,10 @@ def add_user(service, name: str, team: str, role: str = "member") -> str:
     return result.stdout.strip()
 
 
-def submit_args(queue: str, name: str, steps: int, runs) -> list[str]:
+def submit_args(queue: str, name: str, steps: int, runs, workers: int = 2) -> list[str]:
     sets = [
         "resources.custom_per_worker.slot=1",
+        f"resources.num_workers={workers}",
         f"train.steps={steps}",
         f"checkpoint.storage={runs}",
         "metrics.log_every=5",
@@ -73,8 +74,8 @@ def submit_args(queue: str, name: str, steps: int, runs) -> list[str]:
     return ["submit", SERVICE_SPEC, *[arg for s in sets for arg in ("--set", s)]]
 
 
-def submit_as(service, token: str, queue: str, name: str, steps: int = 30) -> str:
-    result = as_user(service, token, *submit_args(queue, name, steps, service.runs))
+def submit_as(service, token: str, queue: str, name: str, steps: int = 30, workers: int = 2) -> str:
+    result = as_user(service, token, *submit_args(queue, name, steps, service.runs, workers))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result.stdout.split()[0]
 
@@ -164,21 +165,28 @@ def test_a_revoked_token_is_refused_at_once(service, teams):
 
 @pytest.mark.timeout(600)
 def test_las_counts_service_per_authenticated_user(service, teams):
-    """ann's running job is service ann attained; of two waiting jobs sent from this one
-    machine, bert's goes first although ann's was sent first: the queue tells the users
-    apart by their tokens (a client-sent name would have made them one user)."""
+    """ann's running job (one slot) is service ann attained while the two others wait behind
+    an admin's blocker (two slots). Of those two, sent from this one machine, bert's goes first
+    when the blocker stops, although ann's was sent first: the queue tells the users apart by
+    their tokens (a client-sent name would have made them one user, and FIFO ann's first)."""
     ann, bert = teams["ann"], teams["bert"]
-    name = service.paced(f"fair-running-{SUFFIX}")  # still running when the two others wait
-    running = submit_as(service, ann, "fair", name, steps=400)
+    name = service.paced(f"fair-running-{SUFFIX}")  # still running when bert's job is chosen
+    running = submit_as(service, ann, "fair", name, steps=400, workers=1)
+    blocker = service.submit(name=f"fair-blocker-{SUFFIX}", steps=100_000)  # stopped below
     service.wait(running, lambda j: j["state"] == "running" and j["step"] >= 20, what="progress")
+    service.wait(blocker, lambda j: j["state"] == "running", what="the blocker running")
     anns = submit_as(service, ann, "fair", "fair-ann")
     berts = submit_as(service, bert, "fair", "fair-bert")
+    assert service.cli("stop", blocker).returncode == 0
+    first = service.wait(berts, lambda j: j["state"] in ("running", "succeeded"), what="admitted")
+    assert service.job(anns)["state"] == "queued", "ann's job waits: ann holds service, bert none"
     service.release(name)
     first, second, done = service.done(berts), service.done(anns), service.done(running)
     assert (first["user"], second["user"]) == (f"bert-{SUFFIX}", f"ann-{SUFFIX}")
     assert first["team"] == TEAM_B and second["team"] == TEAM_A
     assert when(first, "admitted") < when(second, "admitted"), "bert (no service yet) goes first"
-    assert when(second, "admitted") >= when(done, "succeeded")  # no LAS preemption at level 0
+    assert when(first, "admitted") < when(done, "succeeded")  # while ann's job still ran
+    assert done["preemptions"] == 0  # one LAS level: nobody preempts
 
 
 @pytest.mark.timeout(600)
