@@ -6,13 +6,17 @@ One YAML file (`orchestrator queues apply FILE`, or the file `orchestrator up` r
     queues:
       team-a: {cohort: research, nominal: {GPU: 8}, borrowing_limit: {GPU: 8}, order: las}
       team-b: {cohort: research, nominal: {GPU: 8}, order: las}
-      batch:  {nominal: {GPU: 4}}            # no cohort: a hard cap, as `up --quota batch=GPU:4`
+      batch:  {nominal: {GPU: 4}, teams: [vision, nlp]}   # no cohort: a hard cap, as `up --quota`
     las: {thresholds_gpu_s: [3600, 36000], starve_after_s: 14400, starve_factor: 4, min_run_s: 600}
 
 It is validated once, here, like a job spec (unknown keys, bad numbers and unknown cohorts
 are one 'dotted.path: reason' line each, `SpecError`), and then passed on as the typed
 `QueueConfig`: the scheduling policy reads this object and never a dict. What the fields
 mean for scheduling is in docs/scheduler.md ("Queues, LAS and fair share"). No torch, no Ray.
+
+`teams` says which teams' members may submit to a queue (`orchestrator/policy/permissions.py`);
+a queue without it, or one the file does not list, takes every team (so files from before
+teams keep working), and admins submit anywhere.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from core.spec.yaml_reader import read_yaml
 
 Amount = Annotated[float, Field(ge=0)]
 MAX_QUEUES = 1000
+MAX_TEAMS = 1000  # of one queue
 DEFAULT_THRESHOLDS_GPU_S = (3600.0, 36000.0)  # 1 and 10 GPU-hours: three LAS levels
 
 
@@ -50,6 +55,7 @@ class QueueSettings(Section):
     nominal: dict[str, Amount] = Field(default_factory=dict)
     borrowing_limit: dict[str, Amount] | None = None  # None: up to the whole cohort's unused quota
     order: Literal["fifo", "las"] = "fifo"
+    teams: list[str] | None = Field(None, max_length=MAX_TEAMS)  # None: every team may submit
 
 
 class QueueConfig(Section):
@@ -61,6 +67,14 @@ class QueueConfig(Section):
     def from_quotas(cls, quotas: dict[str, dict[str, float]] | None) -> QueueConfig:
         """`orchestrator up --quota q=GPU:4` flags as a config: hard caps, no cohort, FIFO."""
         return validate_queue_config({"queues": {q: {"nominal": dict(v)} for q, v in (quotas or {}).items()}})
+
+    def teams_of(self, queue: str) -> frozenset[str] | None:
+        """The teams whose members may submit to `queue`; None: every team (the queue has no
+        `teams`, or the file does not list it)."""
+        settings = self.queues.get(queue)
+        if settings is None or settings.teams is None:
+            return None
+        return frozenset(settings.teams)
 
     def las_queues(self) -> set[str]:
         return {name for name, queue in self.queues.items() if queue.order == "las"}
@@ -118,9 +132,26 @@ def _reference_problems(config: QueueConfig) -> list[str]:
                     )
         if queue.cohort is not None and not queue.nominal:
             problems.append(f"{where}.nominal: a queue in a cohort needs a nominal quota (0 is allowed)")
+        problems += _team_problems(f"{where}.teams", queue.teams)
     thresholds = config.las.thresholds_gpu_s
     if any(a >= b for a, b in zip(thresholds, thresholds[1:])):
         problems.append(f"las.thresholds_gpu_s: must be ascending without repeats (got {thresholds})")
+    return problems
+
+
+def _team_problems(where: str, teams: list[str] | None) -> list[str]:
+    if teams is None:
+        return []
+    if not teams:
+        return [f"{where}: an empty list admits no team; leave teams out to admit every team"]
+    problems = [
+        f"{where}: {short(team)} is not a valid team name ({_NAME_RULE})"
+        for team in teams
+        if not re.fullmatch(NAME_PATTERN, team)
+    ]
+    repeated = sorted({team for team in teams if teams.count(team) > 1})
+    if repeated:
+        problems.append(f"{where}: {', '.join(map(short, repeated))} listed more than once")
     return problems
 
 

@@ -24,6 +24,7 @@ __all__ = ["UsageError", "add_spec_arguments", "build_parser", "main"]
 COMMANDS = [
     *("validate", "run", "models", "submit", "jobs", "queue", "queues"),
     *("goodput", "service", "metrics", "export"),
+    *("users", "login", "audit"),
 ]
 
 

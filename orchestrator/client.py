@@ -3,14 +3,26 @@
 Two ways in. The service's HTTP API (the status page's server, `monitoring/web.py`) answers in
 milliseconds and leaves nothing behind; joining the cluster as a Ray driver to call the service
 actor takes seconds on a small machine and leaves a row in Ray's job list for every command.
-The CLI reads over HTTP when `orchestrator up` recorded the service's page on this machine and
-no --address names another cluster; when the page cannot be reached (a service restarted on
-another port, a page turned off, a cluster without token auth) it joins the cluster instead.
-Submitting over HTTP sends the cluster's Ray token, which the service checks.
+The CLI reads, submits, stops, preempts, applies queues, manages users and reads the audit log
+over HTTP when `orchestrator up` recorded the service's page on this machine (or
+$ORCHESTRATOR_URL names it) and no --address names another cluster: a user needs only its own
+token, never the Ray cluster's. When the page cannot be reached (a service restarted on
+another port, a page turned off, a service from before a route) it joins the cluster instead,
+which needs the Ray token. Submitting over HTTP sends the caller's own token, else the
+cluster's Ray token (whose holder is the cluster's admin); the service checks either, and a
+refusal (400, 401, 403) is final: the CLI prints its one line and does not try the cluster
+instead.
 
 Actor calls are retried while Ray restarts the service actor (a restart reloads the queue from
 the store within seconds); an error the service raises on purpose (an unknown job, a job too
 big for the cluster) becomes a `ServiceError` with the service's one-line message.
+
+Who is calling: the caller's own token (`caller_token`: $ORCHESTRATOR_TOKEN, else the file
+`orchestrator login` wrote), sent with every HTTP request as `Authorization: Bearer` and
+handed to the service's user calls; the service derives the user and team from it, never from
+what the request says (`orchestrator/service/tenants.py`, docs/security.md). A caller without
+one that the page refuses (401: `up --require-login`) asks once more with this machine's Ray
+token, if any: its holder is the cluster's admin, as on an actor call.
 
 Imports neither Ray nor torch at module level (the HTTP way in needs neither), nor the service
 actor's module: the names the actor is registered under live here, and it imports them.
@@ -35,50 +47,134 @@ SERVICE_NAME = "orchestrator"  # the service actor's name, in its namespace
 NAMESPACE = "orchestrator"
 
 TIMEOUT_S = 5.0
+TOKEN_ENV = "ORCHESTRATOR_TOKEN"  # the caller's token, as kubectl and Ray read theirs from the environment
+PAGE_ENV = "ORCHESTRATOR_URL"  # the service's page (http://HEAD:8266), where `up` left no record
+TOKEN_PREFIX = "orch_"  # every user token starts so (the service makes them: service/tenants.py)
+MAX_TOKEN_CHARS = 256  # longer is not one of ours
 SUBMIT_TIMEOUT_S = 120.0  # a large project directory travels in the request
+CHANGE_TIMEOUT_S = 120.0  # a change waits for the service's lock, as long as an actor call may
+
+
+# -- who is calling ------------------------------------------------------------------------------
+
+
+def token_path() -> Path:
+    """The file `orchestrator login` keeps the caller's token in (mode 0600), beside the
+    CLI's other state: $ORCHESTRATOR_HOME, else ~/.orchestrator."""
+    from orchestrator.ray import cluster
+
+    return cluster.home() / "token"
+
+
+def caller_token() -> str | None:
+    """The caller's token: $ORCHESTRATOR_TOKEN, else the file `orchestrator login` wrote; None
+    without either (then a service on loopback takes the caller for its local admin)."""
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if token:
+        return token
+    try:
+        return token_path().read_text().strip() or None
+    except OSError:  # not logged in (or the file is not readable: the same to the service)
+        return None
+
+
+def auth_headers() -> dict[str, str]:
+    """The caller's token as HTTP sends it (nothing without one)."""
+    token = caller_token()
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 # -- the service's HTTP API ----------------------------------------------------------------------
 
 
-class Refused(Exception):
-    """The service said no (a job too big for the cluster, an id taken): one line for a person."""
+class Refused(UsageError):
+    """The service said no (a job too big for the cluster, an id taken, a token it does not
+    take or a call the token's user may not make): one line for a person, exit status 2."""
+
+
+REFUSING = (400, 401, 403)  # the service's answers that another way in would not change
 
 
 class Unreachable(Exception):
     """No answer from the recorded page: use the cluster instead."""
 
 
+class NoAnswer(UsageError):
+    """A change sent over HTTP that timed out: it may have been done. One line, exit status 2."""
+
+
 def recorded_page(address: str | None) -> str | None:
-    """The service page `orchestrator up` recorded here, unless --address asks for a cluster."""
+    """The service's page: $ORCHESTRATOR_URL (a user's machine, where `up` never ran), else
+    the one `orchestrator up` recorded here; None when --address asks for a cluster."""
     if address:
         return None
     from orchestrator.ray import cluster
 
-    return (cluster.read_state() or {}).get("status_page")
+    return os.environ.get(PAGE_ENV, "").strip() or (cluster.read_state() or {}).get("status_page")
 
 
 def api_get(page: str, path: str):
     """GET `path` of the page's API as JSON; None for a 404 (an unknown job)."""
+    return _api(page, "GET", path, refusing=(401, 403))  # joining the cluster would not make the token valid
+
+
+def api_send(page: str, method: str, path: str, body: dict | None = None):
+    """A change (`method`: POST, PUT, DELETE) of `path` with a JSON body and the caller's
+    token: the reply's JSON; None when the service does not know the job `path` names. A
+    refusal (400, 401, 403, 503) is final: `Refused`; a page without the route (a service
+    from before) is `Unreachable`, as no answer is; a timeout is `NoAnswer`: the call may have
+    been done, so it is not sent again another way."""
+    return _api(page, method, path, body or {}, CHANGE_TIMEOUT_S, (*REFUSING, 503))
+
+
+def _api(page: str, method: str, path: str, body=None, timeout=TIMEOUT_S, refusing=REFUSING, token=None):
+    """`token`: sent instead of the caller's (the Ray token, after a 401 to a caller without a
+    token of its own: a page that asks every request for one, and the Ray token's holder,
+    the cluster's admin, behind the CLI; nothing is done on a 401, so asking again is safe)."""
     url = f"{page.rstrip('/')}/api/{path.lstrip('/')}"
+    headers = {"Authorization": f"Bearer {token}"} if token else auth_headers()
+    data = None if body is None else json.dumps(body).encode()
+    if data is not None:
+        headers["Content-Type"] = "application/json"
     try:
-        with urllib.request.urlopen(url, timeout=TIMEOUT_S) as reply:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data, headers, method=method), timeout=timeout
+        ) as reply:
             return json.load(reply)
     except urllib.error.HTTPError as err:
-        if err.code == 404:
+        line = _service_line(err)  # None: not the service's answer (an old page, a proxy)
+        ray_token = _ray_token() if err.code == 401 and not headers.get("Authorization") else None
+        if ray_token:
+            return _api(page, method, path, body, timeout, refusing, ray_token)
+        if err.code == 404 and (line is not None or method == "GET"):
             return None
+        if err.code in refusing and (line is not None or err.code in (401, 403)):
+            raise Refused(line or f"HTTP {err.code}") from None
         raise Unreachable(f"{url}: HTTP {err.code}") from None
-    except (OSError, ValueError) as err:  # refused, timed out, not our JSON
+    except TimeoutError:
+        if method == "GET":
+            raise Unreachable(f"{url}: no answer in {timeout:g} s") from None
+        raise NoAnswer(
+            f"the orchestrator service did not answer within {timeout:g} s; the {method} may have "
+            "been done: `orchestrator audit` (admins) or `orchestrator status ID` shows"
+        ) from None
+    except (OSError, ValueError) as err:  # refused, not our JSON
         raise Unreachable(f"{url}: {err}") from None
 
 
+def _ray_token() -> str | None:
+    from orchestrator.ray import cluster
+
+    return cluster.read_token()
+
+
 def api_job(page: str, job_id: str) -> dict | None:
-    return api_get(page, f"jobs/{urllib.parse.quote(job_id, safe='')}")
+    return api_get(page, job_path(job_id))
 
 
 def api_metrics_since(page: str, job_id: str, since_step: int) -> list[dict]:
     """The job's metrics records with step > since_step."""
-    return api_get(page, f"jobs/{urllib.parse.quote(job_id, safe='')}/metrics?since={since_step}") or []
+    return api_get(page, f"{job_path(job_id, 'metrics')}?since={since_step}") or []
 
 
 def api_submit(page: str, token: str, specs: list[dict], options: list[dict], package: bytes) -> list[dict]:
@@ -94,7 +190,7 @@ def api_submit(page: str, token: str, specs: list[dict], options: list[dict], pa
         ) as reply:
             return json.load(reply)["jobs"]
     except urllib.error.HTTPError as err:
-        if err.code == 400:
+        if err.code in REFUSING:
             raise Refused(_error_of(err)) from None
         raise Unreachable(f"{url}: HTTP {err.code}") from None
     except (OSError, ValueError, KeyError) as err:
@@ -102,10 +198,15 @@ def api_submit(page: str, token: str, specs: list[dict], options: list[dict], pa
 
 
 def _error_of(err: urllib.error.HTTPError) -> str:
+    return _service_line(err) or f"HTTP {err.code}"
+
+
+def _service_line(err: urllib.error.HTTPError) -> str | None:
+    """The service's one line in an error's JSON body (`{"error"}`), else None."""
     try:
         return str(json.load(err)["error"])
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {err.code}"
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
 
 
 # -- the service actor ---------------------------------------------------------------------------
@@ -200,18 +301,44 @@ def connected_service(address: str | None, required: bool = False) -> Iterator:
         yield service
 
 
-# -- a job the service may know ------------------------------------------------------------------
+# -- a call of the service, whichever way in -----------------------------------------------------
 
 
-def queued_job(address: str | None, method: str, *params) -> dict | None:
+def job_path(job_id: str, *more: str) -> str:
+    """The API's path of a job (and of a call on it): `jobs/ID/stop`."""
+    return "/".join(["jobs", urllib.parse.quote(job_id, safe=""), *more])
+
+
+def through_service(address: str | None, http: tuple, method: str, *params):
+    """The service's answer to a call: over its HTTP API when `up` recorded the page here
+    (`http`: the verb, the path under /api/ and, for a change, the JSON body), which needs
+    only the caller's own token; else, or when the page does not answer, by joining the
+    cluster (which needs the Ray token) to call the actor's `method(*params)`. A refusal
+    either way is final: `Refused`, one line."""
+    page = recorded_page(address)
+    if page:
+        verb, path, *body = http
+        try:
+            return api_get(page, path) if verb == "GET" else api_send(page, verb, path, *body)
+        except Unreachable:
+            pass
+    with connected_service(address, required=True) as service:
+        try:
+            return call(getattr(service, method), *params)
+        except ServiceError as err:
+            raise Refused(str(err)) from None
+
+
+def queued_job(address: str | None, method: str, *params, http: tuple | None = None) -> dict | None:
     """Ask the orchestrator service about a job it knows (`status`, `stop`); None when there is
     no service or it does not know the id (then the id is a Ray Job submission id, for Ray's
-    Jobs API). A status is read from the service's HTTP API when `up` recorded it here (no
-    need to join the cluster); otherwise, or when the page does not answer, from the actor."""
-    page = recorded_page(address) if method == "status" else None
+    Jobs API). A status is read, and a call with an `http` route sent, over the service's HTTP
+    API when `up` recorded it here (no need to join the cluster, nor to hold its token);
+    otherwise, or when the page does not answer, through the actor."""
+    page = recorded_page(address) if method == "status" or http else None
     if page:
         try:
-            return api_job(page, params[0])
+            return api_job(page, params[0]) if http is None else api_send(page, *http)
         except Unreachable:
             pass
     if service_address(address) is None:  # joining the cluster below takes seconds

@@ -155,6 +155,12 @@ def test_a_queue_without_cohort_is_a_hard_cap_like_quotas():
             "queues.q.nominal.GPU: must be a finite number",
         ),
         ([1, 2], "expected a mapping with 'queues', got a list"),
+        ({"queues": {"gpu": {"teams": "nlp"}}}, "queues.gpu.teams: expected a list"),
+        ({"queues": {"gpu": {"teams": [7]}}}, "queues.gpu.teams.0: Input should be a valid string"),
+        ({"queues": {"gpu": {"teams": []}}}, "queues.gpu.teams: an empty list admits no team; leave"),
+        ({"queues": {"gpu": {"teams": ["Vision"]}}}, "queues.gpu.teams: 'Vision' is not a valid team name"),
+        ({"queues": {"gpu": {"teams": ["nlp", "cv", "nlp"]}}}, "queues.gpu.teams: 'nlp' listed more than"),
+        ({"queues": {"gpu": {"team": ["nlp"]}}}, "queues.gpu.team: unknown field; did you mean 'teams'?"),
     ],
 )
 def test_config_errors_are_one_line_naming_the_field(raw, line):
@@ -162,6 +168,20 @@ def test_config_errors_are_one_line_naming_the_field(raw, line):
         validate_queue_config(raw)
     assert any(problem.startswith(line) for problem in err.value.problems), err.value.problems
     assert all("\n" not in problem for problem in err.value.problems)
+
+
+def test_teams_say_who_may_submit_and_a_file_without_them_admits_every_team(tmp_path):
+    config = validate_queue_config(
+        {"queues": {"gpu": {"nominal": {"GPU": 8}, "teams": ["vision", "nlp"]}, "cpu": {}}}
+    )
+    assert config.teams_of("gpu") == frozenset({"vision", "nlp"})
+    assert config.teams_of("cpu") is None  # no teams: every team
+    assert config.teams_of("not-listed") is None  # a queue the file does not name: every team
+    stored = config.model_dump(mode="json")  # what the service keeps in the store, and reloads
+    assert validate_queue_config(stored).teams_of("gpu") == config.teams_of("gpu")
+    before = tmp_path / "before.yaml"  # a file from before teams
+    before.write_text("queues:\n  batch: {nominal: {GPU: 4}}\n")
+    assert load_queue_config(before).teams_of("batch") is None
 
 
 def test_load_queue_config_reads_a_file(tmp_path):

@@ -1489,7 +1489,8 @@ def test_jobs_sent_over_http_need_the_cluster_token_and_a_valid_spec():
     try:
         assert client.api_submit(url, "s3cret", [spec], [{}], b"zip bytes") == [{"id": "vit-fashion-mnist-1"}]
         assert submitter.queued == [("vit-fashion-mnist", {}, b"zip bytes")]
-        with pytest.raises(client.Unreachable, match="HTTP 401"):  # a wrong token queues nothing
+        # a wrong token queues nothing, and is final: the CLI says so, not tries the cluster
+        with pytest.raises(client.Refused, match="^missing or wrong cluster token$"):
             client.api_submit(url, "guess", [spec], [{}], b"")
         bad = {**spec, "train": {**spec["train"], "steps": -1}}
         with pytest.raises(client.Refused, match=r"^submitted spec: train\.steps: "):
@@ -1497,16 +1498,16 @@ def test_jobs_sent_over_http_need_the_cluster_token_and_a_valid_spec():
         assert len(submitter.queued) == 1
     finally:
         server.stop()
-    # a cluster without token auth takes no jobs over HTTP: the CLI joins the cluster instead
+    # without the service's door, a cluster without token auth takes no jobs over HTTP
     server, url = serve(make_app(FakeService(), submitter=RecordingSubmitter(None)), "127.0.0.1", 0)
     try:
-        with pytest.raises(client.Unreachable, match="HTTP 403"):
+        with pytest.raises(client.Refused, match="only on a cluster with token auth"):
             client.api_submit(url, "anything", [spec], [{}], b"")
     finally:
         server.stop()
     read_only = serve(make_app(FakeService()), "127.0.0.1", 0)
     try:
-        with pytest.raises(client.Unreachable, match="HTTP 403"):
+        with pytest.raises(client.Refused, match="takes no jobs"):
             client.api_submit(read_only[1], "anything", [spec], [{}], b"")
     finally:
         read_only[0].stop()

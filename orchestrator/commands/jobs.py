@@ -336,7 +336,10 @@ def handle_stop(args) -> int:
 
     from orchestrator import client as service_client
 
-    job = service_client.queued_job(args.address, "stop", args.job_id, args.now)
+    stop_route = ("POST", service_client.job_path(args.job_id, "stop"), {"now": args.now})
+    job = service_client.queued_job(
+        args.address, "stop", args.job_id, args.now, service_client.caller_token(), http=stop_route
+    )
     if job is not None:
         if job["state"] == "stopping":
             print(f"{job['id']}: stop requested; it checkpoints within a few seconds, then stops")

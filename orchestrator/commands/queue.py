@@ -10,11 +10,12 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+import urllib.parse
 
 from core.jobs import PENDING_VALUES
 from orchestrator.commands import text_table
 from orchestrator.commands.options import add_address, with_cluster_errors
-from orchestrator.commands.queue_views import duration_text, read_queue, required_service, workers_text
+from orchestrator.commands.queue_views import duration_text, read_queue, workers_text
 from orchestrator.errors import UsageError
 
 WAITING_SHOWN = 50  # waiting jobs `queue` lists: a screen or two, not a queue of thousands
@@ -153,11 +154,8 @@ def queue_lines(queues: dict | None) -> list[str]:
 def handle_preempt(args) -> int:
     from orchestrator import client
 
-    with required_service(args.address) as service:
-        try:
-            job = client.call(service.preempt, args.job_id)
-        except client.ServiceError as err:
-            raise UsageError(str(err)) from None
+    route = ("POST", client.job_path(args.job_id, "preempt"))
+    job = client.through_service(args.address, route, "preempt", args.job_id, client.caller_token())
     print(
         f"{job['id']}: preemption requested; it checkpoints within a few seconds and goes back to the queue"
     )
@@ -171,8 +169,8 @@ def handle_sweep(args) -> int:
     from core.spec import sweep as sweeps
     from orchestrator import client
 
-    with required_service(args.address) as service:
-        trials = client.call(service.sweep, args.name)
+    route = ("GET", f"sweeps/{urllib.parse.quote(args.name, safe='')}")
+    trials = client.through_service(args.address, route, "sweep", args.name, client.caller_token())
     if not trials:
         raise UsageError(f"no sweep named '{args.name}' in the queue")
     metric, mode = trials[0].get("sweep_metric") or "eval_loss", trials[0].get("sweep_mode") or "min"

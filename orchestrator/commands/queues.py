@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from orchestrator.commands.options import add_address, with_cluster_errors
-from orchestrator.commands.queue_views import read_queue, required_service
+from orchestrator.commands.queue_views import read_queue
 from orchestrator.errors import UsageError
 
 
@@ -39,11 +39,12 @@ def handle_apply(args) -> int:
     if bool(args.file) == bool(args.clear):
         raise UsageError("queues apply: give a FILE, or --clear to remove the configuration")
     config = None if args.clear else load_queue_config(args.file)  # SpecError: exit 2, one line each
-    with required_service(args.address) as service:
-        try:
-            view = client.call(service.set_queues, config)
-        except client.ServiceError as err:
-            raise UsageError(f"queues apply: {err}") from None
+    raw = None if config is None else config.model_dump(mode="json")  # as the service stores it
+    route = ("PUT", "queues", {"config": raw})
+    try:
+        view = client.through_service(args.address, route, "set_queues", config, client.caller_token())
+    except client.Refused as err:
+        raise client.Refused(f"queues apply: {err}") from None
     if view is None:
         print("queue configuration removed: every queue is scheduled by the default policy")
         return 0

@@ -69,7 +69,13 @@ def _add_scheduling_options(up) -> None:
     up.add_argument(
         "--metrics-host",
         default="127.0.0.1",
-        help="where the status page and /metrics listen (default 127.0.0.1; 0.0.0.0 for every address)",
+        help="where the status page and /metrics listen (default 127.0.0.1; 0.0.0.0 for every address:"
+        " then every request needs a token)",
+    )
+    up.add_argument(
+        "--require-login",
+        action="store_true",
+        help="every request needs a token, on 127.0.0.1 too (a head node that several people log in to)",
     )
     up.add_argument(
         "--metrics-port", type=int, default=8266, help="their port (default 8266; 0 picks a free one)"
@@ -267,6 +273,7 @@ def handle_up(args) -> int:
             except client.ServiceError as err:
                 raise UsageError(f"--queues {args.queues}: {err}") from None
         info = client.call(service.info, retries=30)
+        scrape_token = client.call(service.scrape_token)  # a viewer's, for Prometheus
         ray_temp_dir = state.get("temp_dir") or cluster.connected_temp_dir()
     cluster.write_state(
         {
@@ -286,7 +293,7 @@ def handle_up(args) -> int:
         f"orchestrator service {verb} (generation {info['generation']}, {info['nodes']} node(s)) "
         f"in {time.perf_counter() - started:.1f} s"
     )
-    _print_service(info, address, dashboard, ray_temp_dir)
+    _print_service(info, address, dashboard, ray_temp_dir, scrape_token)
     return 0
 
 
@@ -335,10 +342,13 @@ def _service_config(args, store: str, dashboard: str, quotas: dict, autoscaler) 
         "autoscaler": autoscaler,
         "web_host": args.metrics_host,
         "web_port": args.metrics_port,
+        "single_user": not args.require_login,
     }
 
 
-def _print_service(info: dict, address: str, dashboard: str, ray_temp_dir: str | None) -> None:
+def _print_service(
+    info: dict, address: str, dashboard: str, ray_temp_dir: str | None, scrape_token: str
+) -> None:
     """`up`'s lines after the first: where the cluster, its pages and the job store are."""
     from orchestrator.ray import cluster
 
@@ -354,14 +364,16 @@ def _print_service(info: dict, address: str, dashboard: str, ray_temp_dir: str |
         print(f"  health:    {info['health_checks']}")
     if info.get("status_page"):
         print(f"  status:    {info['status_page']}   (Prometheus: {info['status_page'].rstrip('/')}/metrics)")
-        config = write_prometheus_config(info["status_page"], ray_temp_dir)
+        config = write_prometheus_config(info["status_page"], ray_temp_dir, scrape_token)
         print(f"  prometheus --config.file={config}   (scrapes the service and Ray's own metrics)")
     print("  submit a job with: orchestrator submit jobs/vit.yaml")
 
 
-def write_prometheus_config(status_page: str, ray_temp_dir: str | None) -> str:
-    """A Prometheus config for this cluster, beside the CLI's state: the service's endpoint and
-    the service discovery file of Ray's head (under the temp dir it was started with)."""
+def write_prometheus_config(status_page: str, ray_temp_dir: str | None, scrape_token: str) -> str:
+    """A Prometheus config for this cluster, beside the CLI's state: the service's endpoint
+    with the read-only token it is scraped with (in a file of its own, mode 0600, which
+    Prometheus reads at each scrape: the next `up` rotates it in place), and the service
+    discovery file of Ray's head (under the temp dir it was started with)."""
     from urllib.parse import urlparse
 
     from orchestrator.monitoring.prometheus_config import (
@@ -374,8 +386,14 @@ def write_prometheus_config(status_page: str, ray_temp_dir: str | None) -> str:
     page = urlparse(status_page)
     discovery = os.path.join(ray_temp_dir, DISCOVERY_FILE) if ray_temp_dir else DEFAULT_DISCOVERY
     path = cluster.home() / "prometheus.yml"
+    credentials = cluster.home() / "prometheus.token"
+    credentials.unlink(missing_ok=True)
+    fd = os.open(credentials, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
+    with os.fdopen(fd, "w") as out:
+        out.write(scrape_token + "\n")
     note = f"this cluster's: {ray_temp_dir or '/tmp/ray'}"
-    path.write_text(prometheus_config(f"{page.hostname}:{page.port}", discovery, str(path), note))
+    target = f"{page.hostname}:{page.port}"
+    path.write_text(prometheus_config(target, discovery, str(path), note, credentials_file=str(credentials)))
     return str(path)
 
 

@@ -163,9 +163,10 @@ def check_storage(spec: JobSpec) -> None:
 def queue_with_service(args, spec: JobSpec) -> int | None:
     """Queue the job (or a sweep's trials) with the orchestrator service; None when there is
     none (the job then goes to Ray Jobs, and its driver queues it itself). Over the service's
-    HTTP API when `orchestrator up` recorded it here and this machine holds the cluster's
-    token (a fraction of a second), else by joining the cluster as a Ray driver (seconds).
-    The service gets the specs validated above and only checks them against the schema."""
+    HTTP API when `orchestrator up` recorded it here and the caller has a token to send (its
+    own, else the cluster's) (a fraction of a second), else by joining the cluster as a Ray
+    driver (seconds). The service gets the specs validated above and only checks them
+    against the schema; the job's owner is whoever the token names."""
     from orchestrator import client
     from orchestrator.ray.cluster import read_token
     from orchestrator.ray.origin import remember
@@ -173,7 +174,7 @@ def queue_with_service(args, spec: JobSpec) -> int | None:
 
     specs, options = queue_items(spec)
     working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
-    page, token = client.recorded_page(args.address), read_token()
+    page, token = client.recorded_page(args.address), client.caller_token() or read_token()
     if page and token:
         raw = [job_spec.model_dump(mode="json", by_alias=True) for job_spec in specs]
         try:
@@ -209,23 +210,11 @@ def queue_items(spec: JobSpec) -> tuple[list[JobSpec], list[dict]]:
         ]
     else:
         specs, options = [spec], [{}]
-    for option in options:  # users of a `las` queue share it by the service their jobs received
-        option["user"] = submitter()
     for job_spec in specs:
         storage = job_spec.checkpoint.storage
         if "://" not in storage and not os.path.isabs(storage):
             job_spec.checkpoint.storage = os.path.abspath(os.path.expanduser(storage))
     return specs, options
-
-
-def submitter() -> str:
-    """The OS user who submits, as the queue records it ("unknown" where there is none)."""
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no login name, no passwd entry (some containers)
-        return "unknown"
 
 
 def queue_through_ray(args, spec: JobSpec, specs: list, options: list[dict], working_dir: Path) -> int | None:
@@ -241,7 +230,7 @@ def queue_through_ray(args, spec: JobSpec, specs: list, options: list[dict], wor
         ids = []
         for job_spec, option in zip(specs, options):
             try:
-                view = client.call(service.submit, job_spec, option, package)
+                view = client.call(service.submit, job_spec, option, package, client.caller_token())
             except client.ServiceError as err:
                 raise UsageError(str(err)) from None
             ids.append(view["id"])

@@ -12,12 +12,15 @@ log = logging.getLogger("orchestrator.service")
 
 def serve_page(service, host: str, port: int):
     """The status page, its HTTP API and /metrics of `service`, on host:port: (the server, its
-    URL), or (None, None) when the port cannot be had (the queue matters more than the page)."""
+    URL), or (None, None) when the port cannot be had (the queue matters more than the page).
+    Every route asks the service's door who the request's token names (monitoring/web_auth.py)."""
     from orchestrator.monitoring.exporter import registry_for
     from orchestrator.monitoring.web import make_app, serve
 
     try:
-        return serve(make_app(PageView(service), registry_for(service), submitter=service), host, port)
+        view = PageView(service)
+        app = make_app(view, registry_for(service), submitter=service, gate=service.door, calls=service)
+        return serve(app, host, port)
     except OSError as err:
         log.error("status page and metrics not served on %s:%s: %s", host, port, err)
         return None, None

@@ -24,7 +24,9 @@ HEADER = """\
 # - orchestrator: the one endpoint per cluster that the orchestrator service serves
 #   (`orchestrator up --metrics-host 0.0.0.0 --metrics-port 8266` to reach it from another
 #   machine: it listens on 127.0.0.1 by default). honor_labels keeps our `job` label (a job
-#   id) instead of Prometheus's own `job` (the scrape job name).
+#   id) instead of Prometheus's own `job` (the scrape job name). `authorization` (in the
+#   config `orchestrator up` writes) sends a read-only token of the service's: beyond
+#   127.0.0.1 every request needs one.
 # - ray: Ray's own metrics (nodes, tasks, Ray Train's controller), found through the service
 #   discovery file the Ray head writes under its temp dir
 #   ({discovery_note}).
@@ -51,19 +53,24 @@ def prometheus_config(
     discovery: str = DEFAULT_DISCOVERY,
     path: str = SHIPPED,
     discovery_note: str = "/tmp/ray by default; `orchestrator up` writes this config for its own",
+    credentials_file: str | None = None,
 ) -> str:
-    """The config's text, to be written at `path`: the service at host:port `service`, Ray's
-    targets from `discovery`, the shipped alerting rules."""
+    """The config's text, to be written at `path`: the service at host:port `service` (scraped
+    with the bearer token in `credentials_file`, if given), Ray's targets from `discovery`,
+    the shipped alerting rules."""
+    orchestrator = {
+        "job_name": "orchestrator",
+        "honor_labels": True,
+        "metrics_path": "/metrics",
+        "static_configs": [{"targets": [service]}],
+    }
+    if credentials_file:
+        orchestrator["authorization"] = {"type": "Bearer", "credentials_file": credentials_file}
     body = {
         "global": {"scrape_interval": "5s", "evaluation_interval": "15s"},
         "rule_files": rules_for(path),
         "scrape_configs": [
-            {
-                "job_name": "orchestrator",
-                "honor_labels": True,
-                "metrics_path": "/metrics",
-                "static_configs": [{"targets": [service]}],
-            },
+            orchestrator,
             {"job_name": "ray", "file_sd_configs": [{"files": [discovery]}]},
         ],
     }

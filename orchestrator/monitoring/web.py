@@ -9,9 +9,19 @@
     GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)
     GET /api/jobs/{id}/metrics?since=N   the job's metrics records with step > N
     GET /metrics                         the registry in Prometheus' text format (404 without one)
-    POST /api/jobs                       queue jobs (the CLI's `submit`): the cluster's Ray token as
-                                         `Authorization: Bearer`, a JSON body {"specs", "options",
-                                         "package" (base64 zip)}; 201 {"jobs": [views]}, 400 {"error"}
+    POST /api/jobs                       queue jobs (the CLI's `submit`): the caller's token (or the
+                                         cluster's Ray token) as `Authorization: Bearer`, a JSON body
+                                         {"specs", "options", "package" (base64 zip)}; 201 {"jobs":
+                                         [views]}, 400, 401 or 403 {"error"}
+    GET /login, POST /api/authenticate   the login form and its cookie (web_auth.py)
+    POST /api/jobs/{id}/stop, ...        the service's other calls: stop, preempt, queues, users,
+                                         audit, sweeps (web_calls.py)
+
+With a `gate` (the service's door) every route but the login's and the static files reads the
+request's token first and answers 401 or 403 to whoever may not read (web_auth.py); a
+submission and the other changes go to the service whatever the token: it decides (a
+submission per job, on its queue) and logs the refusal too. Without one (a page embedded elsewhere,
+tests) it reads openly and takes jobs only with the cluster's token.
 
 The service actor is a threaded Ray actor with no event loop of its own, so `serve` runs the
 app on a loop in a background thread. Source calls may block (the service holds a lock), so
@@ -26,11 +36,10 @@ import binascii
 import collections
 import functools
 import hmac
-import json
 import math
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import prometheus_client
 from aiohttp import web
@@ -38,6 +47,9 @@ from aiohttp import web
 from core.jobs import HOLDING_VALUES, TERMINAL_VALUES
 from core.records import is_train
 from orchestrator.monitoring.exporter import exposition
+from orchestrator.monitoring.web_auth import Gate, add_login_routes, gatekeeper, token_of
+from orchestrator.monitoring.web_calls import ServiceCalls, add_call_routes, decides_itself
+from orchestrator.monitoring.web_json import in_executor, json_reply, refusal_reply
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -79,36 +91,20 @@ class Submitter(Protocol):
 
     token: str | None  # None: submitting over HTTP is off (a cluster without token auth)
 
-    def submit_specs(self, specs: list[dict], options: list[dict], package: bytes | None) -> list[dict]:
-        """Validate and queue; raises ValueError with one line a person can act on."""
+    def submit_specs(
+        self, specs: list[dict], options: list[dict], package: bytes | None, token: str | None = None
+    ) -> list[dict]:
+        """Validate and queue as the holder of `token` (passed only with a gate); raises
+        ValueError with one line a person can act on, PermissionError with `args` (line,
+        status) for a caller who may not."""
         ...
 
 
 MAX_SUBMISSION_BYTES = 512 * 1024 * 1024  # the zipped project travels in the body (Ray's own limit)
 
 
-def plain(value: Any) -> Any:
-    """`value` with NaN and infinities as None: the browser's JSON.parse rejects them, and a
-    diverged loss must not take the whole page down."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    try:  # almost always: nothing to replace, and `plain`'s walk would cost more than the encoding
-        body = json.dumps(data, default=str, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        body = json.dumps(plain(data), default=str, separators=(",", ":"))
-    return web.json_response(text=body, status=status, headers={"Cache-Control": "no-store"})
-
-
 def _not_found(job_id: str) -> web.Response:
-    return _json({"error": f"no job '{job_id}' in the orchestrator's queue"}, status=404)
+    return json_reply({"error": f"no job '{job_id}' in the orchestrator's queue"}, status=404)
 
 
 def restarts(view: dict) -> int:
@@ -196,11 +192,17 @@ def make_app(
     source: PageSource,
     registry: prometheus_client.CollectorRegistry | None = None,
     submitter: Submitter | None = None,
+    gate: Gate | None = None,
+    calls: ServiceCalls | None = None,
 ) -> web.Application:
     """The status page's app; host it with `serve` (or any aiohttp runner). Without a
-    `submitter` it only reads."""
+    `submitter` it only reads; with a `gate`, only for those the gate lets in. With a gate,
+    `calls` answers the routes that stop, preempt, apply queues and manage users (web_calls.py)."""
     reads = _Reads(source, registry)
-    app = web.Application(middlewares=[_headers], client_max_size=MAX_SUBMISSION_BYTES)
+    middlewares = [_headers] if gate is None else [_headers, gatekeeper(gate)]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_SUBMISSION_BYTES)
+    if gate is not None:
+        add_login_routes(app, gate)
     app.router.add_get("/", _page)
     app.router.add_static("/static/", STATIC_DIR)
     app.router.add_get("/api/info", reads.info)
@@ -208,13 +210,10 @@ def make_app(
     app.router.add_get("/api/jobs/{id}", reads.job)
     app.router.add_get("/api/jobs/{id}/metrics", reads.job_metrics)
     app.router.add_get("/metrics", reads.metrics)
-    app.router.add_post("/api/jobs", _submit_route(submitter))
+    app.router.add_post("/api/jobs", decides_itself(_submit_route(submitter, gate is not None)))
+    if gate is not None and calls is not None:
+        add_call_routes(app, calls)
     return app
-
-
-async def _call(fn, *args):
-    """fn(*args) in the loop's executor: a source's calls may block."""
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 async def _page(request: web.Request) -> web.StreamResponse:
@@ -240,7 +239,7 @@ class _Reads:
         self.live = LiveRates(source)
 
     async def info(self, request: web.Request) -> web.Response:
-        return _json(await _call(self.source.info))
+        return json_reply(await in_executor(self.source.info))
 
     async def queue(self, request: web.Request) -> web.Response:
         """?waiting=N: the jobs holding resources and the first N waiting; ?finished=0: no
@@ -250,65 +249,84 @@ class _Reads:
             if "waiting" in request.query:
                 asked["waiting"] = max(int(request.query["waiting"]), 0)
         except ValueError:
-            return _json({"error": "waiting must be a number of jobs"}, status=400)
+            return json_reply({"error": "waiting must be a number of jobs"}, status=400)
         if "finished" in request.query:
             asked["finished"] = request.query["finished"] not in ("0", "false", "no")
-        views = await _call(functools.partial(self.source.queue, **asked))
-        return _json(await _call(self.live.annotate, views))
+        views = await in_executor(functools.partial(self.source.queue, **asked))
+        return json_reply(await in_executor(self.live.annotate, views))
 
     async def job(self, request: web.Request) -> web.Response:
         job_id = request.match_info["id"]
         try:
-            view = await _call(self.source.job, job_id)
+            view = await in_executor(self.source.job, job_id)
         except KeyError:
             view = None
         if view is None:
             return _not_found(job_id)
-        return _json({**view, "restarts": restarts(view)})
+        return json_reply({**view, "restarts": restarts(view)})
 
     async def job_metrics(self, request: web.Request) -> web.Response:
         job_id = request.match_info["id"]
         try:
             since = int(request.query.get("since", "-1"))
         except ValueError:
-            return _json({"error": "since must be a step number"}, status=400)
+            return json_reply({"error": "since must be a step number"}, status=400)
         try:
-            records = await _call(self.source.metrics, job_id, since)
+            records = await in_executor(self.source.metrics, job_id, since)
         except KeyError:
             return _not_found(job_id)
-        return _json(records)
+        return json_reply(records)
 
     async def metrics(self, request: web.Request) -> web.Response:
         if self.registry is None:
-            return _json({"error": "this orchestrator service exports no Prometheus metrics"}, status=404)
-        body = await _call(exposition, self.registry)
+            return json_reply(
+                {"error": "this orchestrator service exports no Prometheus metrics"}, status=404
+            )
+        body = await in_executor(exposition, self.registry)
         return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
 
-def _submit_route(submitter: Submitter | None):
-    """POST /api/jobs: queue the jobs of an authenticated body through `submitter`."""
+def _submit_route(submitter: Submitter | None, gated: bool):
+    """POST /api/jobs: queue the jobs of an authenticated body through `submitter`: the
+    service decides on the caller's token (`gated`), else the body must carry the cluster's."""
 
     async def submit(request: web.Request) -> web.Response:
-        token = submitter.token if submitter is not None else None
-        if token is None:
-            off = "this service takes jobs over HTTP only on a cluster with token auth"
-            return _json({"error": off}, status=403)
-        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return _json({"error": "missing or wrong cluster token"}, status=401)
+        refused = _submission_refused(submitter, gated, request)
+        if refused is not None:
+            return refused
         try:
             body = await request.json()
             package = base64.b64decode(body["package"], validate=True) if body.get("package") else None
             specs, options = list(body["specs"]), list(body.get("options") or [{}] * len(body["specs"]))
         except (ValueError, KeyError, TypeError, binascii.Error):
-            return _json({"error": "the body must be JSON: {specs, options, package}"}, status=400)
+            return json_reply({"error": "the body must be JSON: {specs, options, package}"}, status=400)
+        caller = (token_of(request),) if gated else ()
         try:
-            views = await _call(submitter.submit_specs, specs, options, package)
+            views = await in_executor(submitter.submit_specs, specs, options, package, *caller)
+        except PermissionError as err:  # the service's door: (line, status)
+            return refusal_reply(err)
         except ValueError as err:
-            return _json({"error": str(err).splitlines()[0] if str(err) else "refused"}, status=400)
-        return _json({"jobs": views}, status=201)
+            return json_reply({"error": str(err).splitlines()[0] if str(err) else "refused"}, status=400)
+        return json_reply({"jobs": views}, status=201)
 
     return submit
+
+
+def _submission_refused(
+    submitter: Submitter | None, gated: bool, request: web.Request
+) -> web.Response | None:
+    """Why a submission is refused before its body is read, or None."""
+    if submitter is None:
+        return json_reply({"error": "this page takes no jobs"}, status=403)
+    if gated:
+        return None  # the gate let the caller in; the service decides on each job's queue
+    if submitter.token is None:
+        off = "this service takes jobs over HTTP only on a cluster with token auth"
+        return json_reply({"error": off}, status=403)
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), submitter.token.encode()):
+        return json_reply({"error": "missing or wrong cluster token"}, status=401)
+    return None
 
 
 class PageServer:

@@ -13,6 +13,8 @@ no Ray (tests/test_layers.py checks it), so it can be simulated and property-tes
 - `autoscale`: what to ask an autoscaler for (node types that would let waiting jobs start).
 - `hangs` and `stragglers`: the rules that call a job hung or a rank a straggler.
 - `node_watch`: which nodes stopped answering, around a probe the service injects.
+- `permissions`: who may do what (roles, actions, the caller's team and jobs); the service
+  asks it before every call.
 
 The FIFO baseline the policy is measured against is `bench/fifo.py`. Design notes:
 docs/scheduler.md.

@@ -9,6 +9,8 @@ its own (nothing is imported here, so a module of it loads only what it needs):
 - `health`: the watch over running jobs and what the service does about hangs and stragglers;
   `stacks`: the stacks of a hung job's ranks, and ending them.
 - `live`: the newest metrics of the jobs that report; `views`: what the service shows.
+- `tenants`: the users, their tokens (as hashes) and who a token names; `audit`: the log of
+  every state-changing call; `documents`: the whole-file JSON writes both use.
 
 How anything outside the service reaches it is `orchestrator/client.py`. Design notes:
 docs/scheduler.md.

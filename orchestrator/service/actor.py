@@ -12,10 +12,12 @@
                                                                     |  Views (views.py: what is shown)
 
 This file is the service's surface: the calls the CLI and the drivers make, each under one
-lock. A scheduling pass (`cycle.py`) runs every `tick_s` on a thread of the actor; every change
-of a job's state goes through `lifecycle.py`, which checks it against the table in
-`core/jobs.py` and writes it to the store before anything else learns of it, so a restarted
-service (Ray restarts the actor; a new one can start elsewhere) reloads the queue and carries on.
+lock (the reads are in `read_calls.py`, the queue configuration in `queue_calls.py`, the calls
+about people in `tenant_calls.py`). A scheduling pass (`cycle.py`) runs every `tick_s` on a
+thread of the actor; every change of a job's state goes through `lifecycle.py`, which checks
+it against the table in `core/jobs.py` and writes it to the store before anything else learns
+of it, so a restarted service (Ray restarts the actor; a new one can start elsewhere) reloads
+the queue and carries on.
 
 The drivers do the rest: a driver polls `admission` until its job is admitted (with the
 nodes the service counted), runs the job there, reports progress (and learns of stop
@@ -33,21 +35,23 @@ from typing import Any
 
 import ray
 
-from core import run_folder
 from core.jobs import JobState
-from core.queues import QueueConfig, validate_queue_config
 from core.spec import JobSpec, SpecError, validate
 from orchestrator.client import NAMESPACE, SERVICE_NAME
-from orchestrator.monitoring.page_view import process_info, serve_page
-from orchestrator.policy.policy import Policy
+from orchestrator.monitoring.page_view import serve_page
+from orchestrator.policy.permissions import Action
+from orchestrator.service.access import ACTOR, DRIVER, HTTP
 from orchestrator.service.cluster_access import ClusterAccess, of_ray
 from orchestrator.service.cycle import SchedulingCycle, request
 from orchestrator.service.health import Health, Watchdog
 from orchestrator.service.lifecycle import Lifecycle
-from orchestrator.service.live import LiveMetrics, with_logged
+from orchestrator.service.live import LiveMetrics
 from orchestrator.service.progress import RECORD, STEP, fold
+from orchestrator.service.queue_calls import QueueCalls
+from orchestrator.service.read_calls import ReadCalls
 from orchestrator.service.store import JobRecord, Store, find
 from orchestrator.service.submission import new_job_id, new_record, storage_refusal, unpack
+from orchestrator.service.tenant_calls import TenantCalls, open_door
 from orchestrator.service.views import Views
 
 HEAD_RESOURCE = "node:__internal_head__"
@@ -79,10 +83,18 @@ class ServiceConfig:
     preemption: bool = True
     web_host: str = "127.0.0.1"  # the status page and /metrics; 0.0.0.0 to reach them from elsewhere
     web_port: int = 8266  # 0: any free port (its URL is in `info()`)
+    # a call without a token is the local admin while the page listens on loopback only (the
+    # quick start needs no login); False: every call needs a token (a shared head node)
+    single_user: bool = True
 
 
-class OrchestratorService:
-    """Use through `ray.remote(...)` (see `service_options`); every method is safe to retry."""
+class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
+    """Use through `ray.remote(...)` (see `service_options`); every method is safe to retry.
+
+    The calls people make take the caller's token last (`token`; the user calls and `audit`
+    take it first) and go through `self.door` (`access.py`): none is the Ray token's holder,
+    the cluster's admin. The drivers' calls (attach, admission, report, finished, fail) are
+    the cluster's own: only a holder of the Ray token reaches them."""
 
     def __init__(self, config: dict, cluster: ClusterAccess | None = None):
         """`cluster`: what the service takes from its Ray cluster (default: the one this actor
@@ -108,7 +120,8 @@ class OrchestratorService:
         self.watchdog = Watchdog()  # hangs and stragglers of the running jobs (memory only)
         self._closing = threading.Event()
         self._wake = threading.Event()  # a submission schedules at once, not at the next tick
-        self.token = cluster.token  # jobs over HTTP (`POST /api/jobs`) must carry the cluster's token
+        self.token = cluster.token  # the Ray cluster's: over HTTP too, its holder is the admin
+        self.door = open_door(self.config, self.token)
         self.health = Health(
             self.lifecycle, self.cycle, self.watchdog, self.lock, self.config.dashboard, self.token
         )
@@ -121,51 +134,6 @@ class OrchestratorService:
             self.config.store,
         )
         threading.Thread(target=self._loop, name="scheduling", daemon=True).start()
-
-    def _policy(self, queues: QueueConfig | None) -> Policy:
-        """The policy with `queues`; ValueError if a queue has both a --quota and an entry."""
-        return Policy(
-            [],
-            quotas=self.config.quotas,
-            backfill=self.config.backfill,
-            preemption=self.config.preemption,
-            grow_after_s=self.config.grow_after_s,
-            move_after_s=self.config.move_after_s,
-            queues=queues,
-        )
-
-    def _startup_policy(self) -> Policy:
-        """With the queue configuration applied last (`queues apply`, or `up --queues`, which
-        stores it before it starts the service), kept in the store: a restart applies it again."""
-        stored = self.store.load_queues()
-        if stored is None:
-            return self._policy(None)
-        try:  # written by `set_queues`: a load, but a newer schema or a new --quota may refuse it
-            return self._policy(validate_queue_config(stored, "stored queues.json"))
-        except (SpecError, ValueError) as err:
-            log.error("the stored queue configuration is not applied: %s", str(err).splitlines()[0])
-            return self._policy(None)
-
-    def set_queues(self, queues: QueueConfig | None) -> dict:
-        """Apply a queue configuration validated by the CLI (None: back to none) and store it
-        for the next start. Refused (ValueError, nothing changed) when a queue has a --quota."""
-        with self.lock:
-            policy = self._policy(queues)
-            policy.set_nodes(self.policy.nodes, self.policy.possible)
-            self.store.save_queues(None if queues is None else queues.model_dump(mode="json"))
-            self.policy = self.cycle.policy = policy
-            log.info(
-                "queue configuration %s",
-                "cleared" if queues is None else f"of {len(queues.queues)} queue(s) applied",
-            )
-        self._wake.set()
-        return self.queues_view()
-
-    def queues_view(self) -> dict | None:
-        """The queue configuration (as written: defaults left out) and each queue's use now
-        (None: no configuration)."""
-        with self.lock:
-            return self.views.queues()
 
     def _new_record(self, spec: JobSpec, options: dict, launched_by: str) -> JobRecord:
         job_id = options.get("job_id")
@@ -214,26 +182,41 @@ class OrchestratorService:
 
     # -- submitting ----------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, options: dict | None = None, package: bytes | None = None) -> dict:
+    def submit(
+        self,
+        spec: JobSpec,
+        options: dict | None = None,
+        package: bytes | None = None,
+        token: str | None = None,
+        route: str = ACTOR,
+    ) -> dict:
         """Queue a spec validated at submission; `package` is the zipped project directory the
-        job runs in. Options: priority, job_id, user, sweep. Returns the job's record."""
-        options = options or {}
-        with self.lock:
-            job = self._new_record(spec, options, "service")
+        job runs in. Options: priority, job_id, sweep. Returns the job's record. Its owner
+        is the user and team of `token`, whatever the options say."""
+        target = self.queue_target(spec.scheduling.queue)
+        with self.lock, self.door.acting(token, route, Action.SUBMIT, target, name=spec.name) as owner:
+            owned = {**(options or {}), "user": owner.user, "team": owner.team}
+            job = self._new_record(spec, owned, "service")
             job.package = unpack(self.store, job.id, package, spec)
             self.lifecycle.save(job)
             view = self._view(job)
         self._wake.set()
         return view
 
-    def submit_specs(self, specs: list[dict], options: list[dict], package: bytes | None) -> list[dict]:
+    def submit_specs(
+        self, specs: list[dict], options: list[dict], package: bytes | None, token: str | None = None
+    ) -> list[dict]:
         """Jobs sent over HTTP (`POST /api/jobs`, the CLI's quick path): their specs are checked
-        against the schema again, since anyone holding the token may send them."""
+        against the schema again, since anyone holding a token may send them."""
+        self.door.authenticate(token, HTTP, Action.SUBMIT)  # an unknown caller: 401, logged
         try:
             typed = [validate(raw, "submitted spec") for raw in specs]
         except SpecError as err:
             raise ValueError(str(err).splitlines()[0]) from None
-        return [self.submit(spec, option, package) for spec, option in zip(typed, options, strict=True)]
+        return [
+            self.submit(spec, option, package, token, HTTP)
+            for spec, option in zip(typed, options, strict=True)
+        ]
 
     def register(self, spec: JobSpec, options: dict | None = None, package: bytes | None = None) -> dict:
         """A driver started outside the service (`orchestrator run`, `ray job submit`) queues its
@@ -243,7 +226,11 @@ class OrchestratorService:
             if options.get("job_id") in self.jobs:  # a restarted driver of a known job
                 job = self.jobs[options["job_id"]]
                 return self._attach(job, options.get("submission_id"))
-            job = self._new_record(spec, options, "driver")
+        # a driver runs with the Ray token (`ray job submit`): the cluster's admin submits
+        target = self.queue_target(spec.scheduling.queue)
+        with self.lock, self.door.acting(None, DRIVER, Action.SUBMIT, target, name=spec.name) as owner:
+            owned = {**options, "user": owner.user, "team": owner.team}
+            job = self._new_record(spec, owned, "driver")
             job.submission_id = job.came_in_by = options.get("submission_id")
             if package is not None:
                 job.package = unpack(self.store, job.id, package, spec)
@@ -330,49 +317,21 @@ class OrchestratorService:
 
     # -- the CLI ------------------------------------------------------------------------------
 
-    def stop(self, job_id: str, now: bool = False) -> dict:
+    def stop(self, job_id: str, now: bool = False, token: str | None = None, route: str = ACTOR) -> dict:
         """Checkpoint and stop a job (a queued one just leaves the queue); `now`: kill it."""
-        with self.lock:
+        with self.lock, self.door.acting(token, route, Action.STOP, lambda: self.job_target(job_id), now=now):
             job = self._job(job_id)
             self.lifecycle.stop(job, time.time(), at_once=now)
             return self._view(job)
 
-    def preempt(self, job_id: str) -> dict:
+    def preempt(self, job_id: str, token: str | None = None, route: str = ACTOR) -> dict:
         """Checkpoint a running job and put it back in the queue."""
-        with self.lock:
+        with self.lock, self.door.acting(token, route, Action.PREEMPT, lambda: self.job_target(job_id)):
             job = self._job(job_id)
             if not job.state.holds_resources:
                 raise ValueError(f"{job_id} is {job.state.value}: only a running job can be preempted")
             self.lifecycle.request_stop(job, "preempt", time.time(), by="request")
             return self._view(job)
-
-    def queue(self, include_finished: bool = False, waiting: int | None = None) -> list[dict]:
-        """In queue order; `waiting`: only the first that many of the waiting jobs."""
-        with self.lock:
-            return self.views.queue(include_finished, waiting)
-
-    def status(self, job_id: str) -> dict:
-        with self.lock:
-            return self._view(self._job(job_id))
-
-    def sweep(self, name: str) -> list[dict]:
-        with self.lock:
-            return [self._view(j, history=False) for j in self.jobs.values() if j.sweep == name]
-
-    def info(self) -> dict:
-        with self.lock:
-            return {
-                "status_page": self.page_url,
-                "generation": self.generation,
-                "store": self.config.store,
-                "dashboard": self.config.dashboard,
-                "started_at": self.started_at,
-                "last_pass_s": self.last_pass_s,
-                "health_checks": self.health_checks.describe(),
-                "shared_storage": list(self.config.shared_storage),
-                **self.views.cluster(),  # nodes, resources, jobs by state, goodput, queues, ...
-                "process": process_info(),  # the control plane never loads torch: see for yourself
-            }
 
     def shutdown(self) -> None:
         """Stop scheduling and give the lease back (`orchestrator down`)."""
@@ -382,35 +341,6 @@ class OrchestratorService:
             self.page.stop()
         with self.lock:
             self.store.release_lease(self.owner)
-
-    # -- monitoring ----------------------------------------------------------------------------
-
-    def exporter_snapshot(self) -> dict[str, Any]:
-        """What the Prometheus collector reads at each scrape (see monitoring/exporter.py)."""
-        with self.lock:
-            return self.views.exporter_snapshot()
-
-    def metrics_since(self, job_id: str, since_step: int, newest: int | None = None) -> list[dict]:
-        """A job's metrics records after `since_step` (`newest`: only that many, the newest):
-        from memory while it reports, older ones than memory keeps (`LiveMetrics.KEEP`) and
-        those of a job that does not report from its metrics log in storage."""
-        with self.lock:
-            job = self._job(job_id)
-            live = self.live.get(job_id)
-            kept = live.since(since_step, newest) if live is not None else []
-            if kept and (len(kept) == newest or not live.older_than(since_step)):
-                return kept
-            run_uri = run_folder.run_uri(job.spec, job.run)
-        return with_logged(kept, run_uri, since_step, newest)
-
-    def checkpoints(self, job_id: str) -> list[str]:
-        with self.lock:
-            job = self._job(job_id)
-            run_uri = run_folder.run_uri(job.spec, job.run)
-        try:
-            return run_folder.checkpoints(run_uri)
-        except OSError:
-            return []
 
     # -- helpers -------------------------------------------------------------------------------
 

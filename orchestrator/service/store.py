@@ -84,7 +84,10 @@ class JobRecord:
     unconfirmed_failure: dict[str, Any] | None = None  # a failed attempt's summary, held until
     # the service knows whether one of its nodes died (then it is requeued, not failed)
     steps_lost: int = 0
-    user: str = "unknown"  # the OS user who submitted it (users of a `las` queue share it)
+    # its owner: the user and team of the token that submitted it (users of a `las` queue
+    # share it by attained service); a record from before tenants belongs to `unknown`
+    user: str = "unknown"
+    team: str = "unknown"
     attained_s: float = 0.0  # service over its ended attempts (las.service_rate x seconds held)
     step: int = 0  # the newest step the job reported
     total_steps: int | None = None
@@ -153,6 +156,8 @@ class JobRecord:
     def from_json(cls, data: dict[str, Any]) -> JobRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in names}  # fields of newer versions
+        if "team" not in data:  # from before tenants: its `user` is what a client claimed
+            values["user"] = values["team"] = "unknown"
         values["state"] = JobState(values["state"])
         values["spec"] = JobSpec.model_validate(values["spec"])  # written by `to_json`: a load, not a check
         if values.get("ledger") is not None:

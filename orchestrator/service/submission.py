@@ -24,7 +24,8 @@ def new_job_id(name: str) -> str:
 
 
 def new_record(spec: JobSpec, job_id: str, options: dict, launched_by: str) -> JobRecord:
-    """The queue's record of a spec validated at submission. Options: priority, user, sweep fields."""
+    """The queue's record of a spec validated at submission. Options: priority, user and team
+    (the owner, from the caller's token), sweep fields."""
     priority = int(options.get("priority", spec.scheduling.priority))
     job = JobRecord(
         id=job_id,
@@ -38,7 +39,8 @@ def new_record(spec: JobSpec, job_id: str, options: dict, launched_by: str) -> J
         per_worker=resources_for(spec),
         submitted_at=time.time(),
         launched_by=launched_by,
-        user=str(options.get("user") or "unknown"),
+        user=str(options.get("user") or "unknown"),  # the service sets both from the token
+        team=str(options.get("team") or "unknown"),
         sweep=options.get("sweep"),
         sweep_params=options.get("sweep_params") or {},
         sweep_metric=options.get("sweep_metric"),

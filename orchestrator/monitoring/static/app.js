@@ -1249,6 +1249,7 @@
   /** JSON from the API; with `allowMissing`, a 404 is null rather than an error. */
   async function getJSON(url, allowMissing) {
     const response = await fetch(url, { cache: "no-store", headers: { Accept: "application/json" } });
+    if (response.status === 401) window.location.assign("login"); // no token, or one revoked: paste one
     if (allowMissing && response.status === 404) return null;
     if (!response.ok) throw new Error("HTTP " + response.status + " from " + url);
     return response.json();
