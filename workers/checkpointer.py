@@ -13,6 +13,7 @@ made; resuming loads into those same objects (the `TrainState` in place).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import shutil
@@ -122,7 +123,12 @@ class Checkpointer:
             "best_eval_loss": state.best_eval_loss,
             "evals_without_improvement": state.evals_without_improvement,
             "model": json.dumps(self.spec.model.model_dump(mode="json")),  # for `orchestrator export`
+            "model_config": self._model_config(),  # the model rebuilt for ONNX export
         }
+
+    def _model_config(self) -> str:
+        config = getattr(self.model, "module", self.model).config  # DDP wraps the model
+        return json.dumps(dataclasses.asdict(config))
 
     def _save(self, started: float) -> None:
         state = self.state

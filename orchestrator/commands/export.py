@@ -5,6 +5,8 @@ writes the model weights, with the model's own parameter names, as `.safetensors
 
     model = build(...)  # the same family/preset/overrides as the job
     model.load_state_dict(safetensors.torch.load_file("model.safetensors"), strict=True)
+
+or the model itself, graph and weights, as `.onnx` for ONNX Runtime (`workers/onnx_export.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import tempfile
 from pathlib import Path
 
-FORMATS = (".safetensors", ".pt")
+FORMATS = (".safetensors", ".pt", ".onnx")
 
 
 def register(sub) -> None:
@@ -27,35 +29,45 @@ def register(sub) -> None:
         "--out",
         required=True,
         metavar="FILE",
-        help="output file: .safetensors (safe to load anywhere) or .pt (torch.save)",
+        help="output file: .safetensors (safe to load anywhere), .pt (torch.save) or .onnx (the "
+        "model for ONNX Runtime)",
     )
     parser.set_defaults(handler=handle)
 
 
-def _model_info(directory: Path) -> dict:
-    """What trainer.pt says about the weights: step and the job's model section."""
+def _trainer_state(directory: Path) -> dict:
     import torch
 
     trainer_file = directory / "trainer.pt"
-    if not trainer_file.exists():
+    return torch.load(trainer_file, weights_only=True) if trainer_file.exists() else {}
+
+
+def _model_info(trainer_state: dict) -> dict:
+    """What trainer.pt says about the weights: step and the job's model section."""
+    if not trainer_state:
         return {}
-    state = torch.load(trainer_file, weights_only=True)
-    info = {"step": str(state.get("step", ""))}
-    if "model" in state:
-        info["model"] = state["model"]  # JSON of the job's `model` section
+    info = {"step": str(trainer_state.get("step", ""))}
+    if "model" in trainer_state:
+        info["model"] = trainer_state["model"]  # JSON of the job's `model` section
     return info
 
 
 def export(directory: Path, out: Path) -> tuple[int, int, dict]:
-    """Write the weights; returns (tensors, parameters, metadata)."""
+    """Write the weights (or, to .onnx, the model); returns (tensors, parameters, metadata)."""
     import torch
 
     from workers.checkpoint import read_model_state
 
     state = read_model_state(directory)
-    metadata = _model_info(directory)
+    trainer_state = _trainer_state(directory)
+    metadata = _model_info(trainer_state)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix == ".safetensors":
+    if out.suffix == ".onnx":
+        from workers import onnx_export
+
+        metadata["input"] = onnx_export.export(trainer_state, state, out)
+        metadata["fused"] = onnx_export.fused_ops(trainer_state)
+    elif out.suffix == ".safetensors":
         from safetensors.torch import save_file
 
         # separate, contiguous tensors: safetensors refuses views of a shared storage
@@ -71,6 +83,7 @@ def handle(args) -> int:
     from core import storage
     from orchestrator.errors import UsageError
     from workers.checkpoint import CheckpointError
+    from workers.onnx_export import NotExportable
 
     out = Path(args.out)
     if out.suffix not in FORMATS:
@@ -86,10 +99,15 @@ def handle(args) -> int:
             storage.download(uri, directory)
         try:
             tensors, params, metadata = export(directory, out)
-        except CheckpointError as err:
-            raise UsageError(str(err)) from None
+        except (CheckpointError, NotExportable) as err:
+            raise UsageError(f"{uri}: {err}" if isinstance(err, NotExportable) else str(err)) from None
     model = json.loads(metadata["model"]) if "model" in metadata else None
     what = f"{model['family']}/{model['preset']}" if model else "model"
     step = f" at step {metadata['step']}" if metadata.get("step") else ""
     print(f"wrote {out}: {what}{step}, {tensors} tensors, {params:,} parameters")
+    if "input" in metadata:
+        print(f"ONNX input '{metadata['input']}' (its first dimension, the batch, is free), output 'logits'")
+    if metadata.get("fused"):
+        fused = ", ".join(metadata["fused"])
+        print(f"note: the run used fused kernels for {fused}; the ONNX graph has the built-in ops")
     return 0

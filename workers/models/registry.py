@@ -27,6 +27,14 @@ def build(model_spec: Any, data_info: Any = None, kernels: dict[str, str] | None
     return _MODULES[model_spec.family].Model(cfg)
 
 
+def config_class(family: str) -> type:
+    return _MODULES[family].Config
+
+
+def model_class(family: str) -> type[nn.Module]:
+    return _MODULES[family].Model
+
+
 # --- catalog and FLOPs ----------------------------------------------------------------
 
 
@@ -82,4 +90,4 @@ def catalog() -> list[dict]:
     return rows
 
 
-__all__ = ["build", "catalog", "count_flops", "example_input"]
+__all__ = ["build", "catalog", "config_class", "count_flops", "example_input", "model_class"]
