@@ -13,6 +13,7 @@ import time
 from core import records, storage
 from core.spec import JobSpec
 from orchestrator.attempt_state import AttemptState, Phase
+from orchestrator.monitoring import mlflow_tracking
 from orchestrator.monitoring.terminal import Display
 from orchestrator.ray import launcher
 from orchestrator.ray.run_state import (
@@ -84,7 +85,11 @@ class Attempt:
 
         self.spec, self.run_name, self.placement, self.queued = spec, run, placement, queued
         self.display, self.name = display, spec.name
-        self.log = RunLog(storage.join(spec.checkpoint.storage, run), tensorboard=spec.metrics.tensorboard)
+        run_uri = storage.join(spec.checkpoint.storage, run)
+        self.log = RunLog(run_uri, tensorboard=spec.metrics.tensorboard)
+        job = queued.view if queued is not None else {}
+        say = lambda text: display.event(spec.name, text)  # noqa: E731
+        self.tracker = mlflow_tracking.for_attempt(spec, run_uri, run, job, say)  # None: no tracking
         self.last_report = 0.0
         self.last_step: int | None = None
         self.total_steps = spec.train.steps  # an epoch-based job learns it from its records
@@ -118,10 +123,14 @@ class Attempt:
             result = launcher.aborted_summary(handle, self.ended_as, self.last_step, self.last_checkpoint)
         else:
             result = launcher.summary(handle, self.last_step, self.last_checkpoint)
-        return {**result, "checkpoint_step": self.checkpoint_step, "phases": self.state.path}
+        summary = {**result, "checkpoint_step": self.checkpoint_step, "phases": self.state.path}
+        if self.tracker is not None:
+            self.tracker.close(summary)
+        return summary
 
     def _poll(self, handle: launcher.RunHandle, final: bool = False) -> None:
         for event in handle.events():
+            self._track(event)
             if isinstance(event, Rewound):
                 self.log.rewind(event.records)
                 self.unreported, self.rewound = list(event.records[-REPORT_RECORDS:]), True
@@ -156,6 +165,16 @@ class Attempt:
             self.last_report = time.time()
             if reply.get("stop") and reply["stop"] != self.stop_sent and not final:
                 self._stop(handle, reply["stop"], reply.get("reason"))
+
+    def _track(self, event) -> None:
+        """To MLflow, when the job asks: records (a rewound history too: what is past the run's
+        newest step sent is sent) and checkpoints."""
+        if self.tracker is None:
+            return
+        if isinstance(event, (Records, Rewound)):
+            self.tracker.add(event.records)
+        elif isinstance(event, CheckpointSaved):
+            self.tracker.checkpoint(event.uri)
 
     def _stop(self, handle: launcher.RunHandle, stop: str, reason: str | None) -> None:
         """Forward the service's stop request: the workers checkpoint and stop at their next

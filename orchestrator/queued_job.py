@@ -39,6 +39,7 @@ class QueuedJob:
                 service_client.package_if_in_ray_job(),
             )
         self.job_id, self.run_id, self.attempt = view["id"], view["run"], view["attempt"]
+        self.view = view  # who and where: queue, user, team, sweep (MLflow's tags)
         # a driver the service started runs on the attempt's nodes, for that attempt only
         self.one_attempt = bool(job_id)
         self.finished_attempt = 0  # the newest attempt this driver ran and reported
@@ -65,7 +66,7 @@ class QueuedJob:
             if view["state"] in TERMINAL_VALUES:  # stopped while queued, or the service's verdict
                 summary.update(status=view["state"], job_id=self.job_id, reason=view.get("reason"))
                 return summary
-            self.attempt = view["attempt"]
+            self.attempt, self.view = view["attempt"], {**self.view, "attempt": view["attempt"]}
             if view["state"] == "stopping":  # stopped or preempted before this driver started it
                 outcome = "preempted" if view["stop"] == "preempt" else "stopped"
                 summary = self._summary(outcome, f"{outcome} before it started")

@@ -12,6 +12,13 @@ if command -v apt-get >/dev/null 2>&1 && ! dpkg -s $TEST_PACKAGES >/dev/null 2>&
   { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $TEST_PACKAGES; } >/dev/null 2>&1 \
     || echo "note: apt-get could not install $TEST_PACKAGES; the tests that need them fail" >&2
 fi
+# MLflow's tracking server, for the tests of `tracking.mlflow`: a service of its own in a
+# virtualenv of its own (the server pins a pyarrow older than the project's)
+MLFLOW_VERSION=3.17.2
+if [ ! -x .venv/mlflow-server/bin/mlflow ] || ! .venv/mlflow-server/bin/mlflow --version 2>/dev/null | grep -q "$MLFLOW_VERSION"; then
+  python3 -m venv .venv/mlflow-server
+  .venv/mlflow-server/bin/python -m pip install -q "mlflow==${MLFLOW_VERSION}"
+fi
 . .venv/bin/activate
 ruff check .
 ruff format --check .

@@ -220,6 +220,17 @@ GROW_AFTER_S = 5.0  # an elastic job grows back soon after room frees (the produ
 
 
 @pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server (tests/mlflow_server.py) for the session; the tests that
+    need one that dies start their own."""
+    from tests.mlflow_server import MlflowServer
+
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def service(tmp_path_factory, s3):
     tmp = tmp_path_factory.mktemp("service")
     cpus, slots = SERVICE_NODES["head"]

@@ -270,6 +270,26 @@ class MetricsSpec(Section):
     tensorboard: bool = False
 
 
+class MlflowSpec(Section):
+    """Where the job's MLflow run goes (`orchestrator/monitoring/mlflow_tracking.py`)."""
+
+    uri: str = Field(..., min_length=1, max_length=MAX_PATH, description="the tracking server")
+    experiment: str = Field("orchestrator", min_length=1, max_length=500)
+
+    @field_validator("uri")
+    @classmethod
+    def _server(cls, uri: str) -> str:
+        if not uri.startswith(("http://", "https://")) or not uri.split("://", 1)[1].strip("/"):
+            raise ValueError(
+                f"'{uri}' is not a tracking server's address; expected http://HOST:PORT or https://..."
+            )
+        return uri.rstrip("/")
+
+
+class TrackingSpec(Section):
+    mlflow: MlflowSpec | None = None
+
+
 # --- sweeps: the schema (expansion and ranking: core/spec/sweep.py) ---------------
 
 METRICS = (
@@ -363,6 +383,7 @@ class JobSpec(Section):
     fault_tolerance: FaultToleranceSpec = Field(default_factory=FaultToleranceSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     sweep: SweepSpec | None = None
     _trials: list | None = PrivateAttr(default=None)  # a sweep's trials, once validated (sweep.py)
 
