@@ -125,8 +125,13 @@ class Attempt:
             result = launcher.summary(handle, self.last_step, self.last_checkpoint)
         summary = {**result, "checkpoint_step": self.checkpoint_step, "phases": self.state.path}
         if self.tracker is not None:
-            self.tracker.close(summary)
+            self.tracker.end(summary)  # sent as soon as it can be; the caller waits (wait_tracking)
         return summary
+
+    def wait_tracking(self) -> None:
+        """After the attempt is reported: a bounded wait for MLflow to have all of it."""
+        if self.tracker is not None:
+            self.tracker.wait()
 
     def _poll(self, handle: launcher.RunHandle, final: bool = False) -> None:
         for event in handle.events():

@@ -116,7 +116,10 @@ def run_alone(spec: JobSpec, where: str, display: Display, local: bool) -> dict:
         f"{spec.resources.num_workers} worker(s) on {where}; checkpoints in "
         f"{storage.join(spec.checkpoint.storage, run)}",
     )
-    return Attempt(spec, run, None, display).run()
+    attempt = Attempt(spec, run, None, display)
+    summary = attempt.run()
+    attempt.wait_tracking()
+    return summary
 
 
 def run_queued(spec: JobSpec, service, job_id: str | None, display: Display) -> dict:

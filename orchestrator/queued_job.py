@@ -67,14 +67,18 @@ class QueuedJob:
                 summary.update(status=view["state"], job_id=self.job_id, reason=view.get("reason"))
                 return summary
             self.attempt, self.view = view["attempt"], {**self.view, "attempt": view["attempt"]}
+            attempt = None
             if view["state"] == "stopping":  # stopped or preempted before this driver started it
                 outcome = "preempted" if view["stop"] == "preempt" else "stopped"
                 summary = self._summary(outcome, f"{outcome} before it started")
             else:
-                summary = self._attempt(view)
+                attempt = self._attempt(view)
+                summary = attempt.run()
             outcome = {"stopped_early": "succeeded"}.get(summary["status"], summary["status"])
             after = service_client.call(self.service.finished, self.job_id, self.attempt, outcome, summary)
             self.finished_attempt = self.attempt
+            if attempt is not None:
+                attempt.wait_tracking()  # the attempt is reported: its resources are free
             self.display.update(self.name, state=after["state"])
             if after["state"] in TERMINAL_VALUES:
                 summary["job_id"] = self.job_id
@@ -84,7 +88,7 @@ class QueuedJob:
                 summary.update(handed_back=True, job_id=self.job_id)
                 return summary
 
-    def _attempt(self, admitted: dict) -> dict:
+    def _attempt(self, admitted: dict) -> Attempt:
         spec = self.spec.model_copy(deep=True)
         if spec.resources.elastic:  # the size the service admitted it at
             spec = spec.at_size(sum(admitted["placement"].values()))
@@ -97,7 +101,7 @@ class QueuedJob:
             f"worker(s) on {len(admitted['placement'])} node(s){accum}",
         )
         self.display.update(self.name, state="admitted", note=None)
-        return Attempt(spec, self.run_id, admitted["placement"], self.display, queued=self).run()
+        return Attempt(spec, self.run_id, admitted["placement"], self.display, queued=self)
 
     def _say_requeued(self, after: dict, summary: dict) -> None:
         """The attempt ended and the job is queued again (or the service is deciding whether a

@@ -344,7 +344,8 @@ def test_a_rank_killed_with_every_node_answering_is_requeued_without_spending_ma
 
 
 @pytest.mark.timeout(600)
-def test_a_sweep_queues_one_job_per_trial_and_ranks_them(service):
+def test_a_sweep_queues_one_job_per_trial_and_ranks_them(service, mlflow_server):
+    experiment = f"sweep-{os.getpid()}-{int(time.time())}"
     result = service.cli(
         "submit",
         "jobs/sweep.yaml",
@@ -356,6 +357,10 @@ def test_a_sweep_queues_one_job_per_trial_and_ranks_them(service):
         "resources.num_workers=1",  # the three trials fit side by side
         "--set",
         f"checkpoint.storage={service.runs}",
+        "--set",
+        f"tracking.mlflow.uri={mlflow_server.uri}",  # each trial a run of its own, under one parent
+        "--set",
+        f"tracking.mlflow.experiment={experiment}",
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     trials = result.stdout.split()
@@ -369,6 +374,28 @@ def test_a_sweep_queues_one_job_per_trial_and_ranks_them(service):
     accuracies = [float(row[3]) for row in rows]
     assert [row[1] for row in rows] and sorted(accuracies, reverse=True) == accuracies  # best first
     assert {row[1] for row in rows} == set(trials)
+    _the_trials_are_mlflow_runs_under_one_parent(mlflow_server.uri, experiment, trials)
+
+
+def _the_trials_are_mlflow_runs_under_one_parent(uri: str, experiment: str, trials: list[str]) -> None:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    deadline = time.time() + 60  # a trial's driver sends its end after the service has it
+    while True:
+        runs = client.search_runs([experiment_id])
+        if sum(r.info.status == "FINISHED" for r in runs) >= len(trials):
+            break
+        assert time.time() < deadline, [(r.info.run_name, r.info.status) for r in runs]
+        time.sleep(0.5)
+    [parent] = [r for r in runs if "orchestrator.sweep_parent" in r.data.tags]
+    children = {r.data.tags["orchestrator.job_id"]: r for r in runs if r is not parent}
+    assert sorted(children) == sorted(trials)
+    assert {r.data.tags["mlflow.parentRunId"] for r in children.values()} == {parent.info.run_id}
+    assert {r.info.status for r in children.values()} == {"FINISHED"}
+    lrs = {job: float(r.data.params["optimizer.lr"]) for job, r in children.items()}
+    assert sorted(lrs.values()) == [0.001, 0.003, 0.01]
 
 
 @pytest.mark.timeout(120)

@@ -16,8 +16,9 @@ training step's path, and never able to slow or fail training.
   the history the new attempt starts with.
 - **A server that is down or slow**: records wait in memory (the newest MAX_WAITING) and a
   thread of their own retries with a growing pause; one line when sending starts failing and
-  one when it works again. At the end the driver waits at most CLOSE_WAIT_S for them; what is
-  still unsent then is in the metrics log, and the job's next attempt, if any, sends it.
+  one when it works again. After an attempt has been reported (its resources handed back),
+  the driver waits at most CLOSE_WAIT_S for them; what is still unsent then is in the metrics
+  log, and the job's next attempt, if any, sends it.
 """
 
 from __future__ import annotations
@@ -82,8 +83,9 @@ def metrics_of(record: dict) -> dict[str, float]:
 
 
 class MlflowTracker:
-    """The job's MLflow run, for one attempt's driver. `add`, `checkpoint` and `close` only hand
-    things to the sending thread; they never wait for the server (`close` waits a bounded time)."""
+    """The job's MLflow run, for one attempt's driver. `add`, `checkpoint` and `end` only hand
+    things to the sending thread, never waiting for the server; `wait` waits a bounded time,
+    once the attempt is reported (a server that is down must not hold up a preemption)."""
 
     def __init__(
         self,
@@ -124,18 +126,28 @@ class MlflowTracker:
             self._tags["orchestrator.checkpoint"] = uri
         self._wake.set()
 
-    def close(self, summary: dict, timeout: float = CLOSE_WAIT_S) -> None:
+    def end(self, summary: dict) -> None:
+        """The attempt ended: after what waits, its summary and status are sent (`wait`)."""
         status = STATUS.get(summary.get("status"), "SCHEDULED")  # preempted, requeued: it comes back
         with self._lock:
             self._end = {"status": status, "summary": summary}
         self._wake.set()
-        if not self._done.wait(timeout):
-            with self._lock:
-                left = len(self._waiting)
-            self.say(
-                f"MLflow: {self.settings.uri} did not take the run's last {left} record(s) in "
-                f"{timeout:.0f} s; they are in the metrics log and its next attempt sends them"
-            )
+
+    def wait(self, timeout: float = CLOSE_WAIT_S) -> bool:
+        """Wait (at most `timeout`) until the server has everything; say what it has not."""
+        if self._done.wait(timeout):
+            return True
+        with self._lock:
+            left = len(self._waiting)
+        self.say(
+            f"MLflow: {self.settings.uri} did not take the run's last {left} record(s) in "
+            f"{timeout:.0f} s; they are in the metrics log and its next attempt sends them"
+        )
+        return False
+
+    def close(self, summary: dict, timeout: float = CLOSE_WAIT_S) -> bool:
+        self.end(summary)
+        return self.wait(timeout)
 
     # -- the sending thread -----------------------------------------------------------------
 
