@@ -35,7 +35,8 @@ ENTRY_POINTS = {
     "orchestrator/commands/run.py": {"workers.run", "workers.checks"},  # the local run; spec checks
     "orchestrator/commands/validate.py": {"workers.checks"},  # model and data registries
     "orchestrator/commands/models.py": {"workers"},  # the model registry it lists
-    "orchestrator/commands/export.py": {"workers.checkpoint"},  # a checkpoint's model state
+    # a checkpoint's model state; the model rebuilt for ONNX
+    "orchestrator/commands/export.py": {"workers.checkpoint", "workers.onnx_export"},
     "orchestrator/ray/launcher.py": {"workers.ray_context"},  # the Ray Train function
     # the run's metrics log in storage; preflight: the data is there
     "orchestrator/attempt.py": {"workers.run_log", "workers.checks"},

@@ -63,7 +63,7 @@ def export(directory: Path, out: Path) -> tuple[int, int, dict]:
     metadata = _model_info(trainer_state)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".onnx":
-        from workers import onnx_export
+        import workers.onnx_export as onnx_export
 
         metadata["input"] = onnx_export.export(trainer_state, state, out)
         metadata["fused"] = onnx_export.fused_ops(trainer_state)
