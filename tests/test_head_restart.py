@@ -120,7 +120,9 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
         trained = train_steps(f"{svc.runs}/{name}")[-1]  # the log is flushed every few seconds
         stored = {job_id: svc.job(job_id)["state"] for job_id in (trains, waits)}
         assert stored == {trains: "running", waits: "queued"}  # the store kept the queue as it was
-        assert s3.files("head-lost", "store", "packages", trains)  # the project it runs, in the bucket
+        assert f"{trains}.zip" in s3.files(
+            "head-lost", "store", "packages"
+        )  # the project it runs, in the bucket
         assert "service.json" in s3.files("head-lost", "store")  # the dead service's lease
 
         heads.append(start_ray_head(num_cpus=4, resources={"slot": 2}))  # a new head, the same store

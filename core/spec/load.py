@@ -69,7 +69,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
 
 
 def load_stored(path: str | Path) -> JobSpec:
-    """A spec the service stored after validating it at submission (`write_spec`): loaded into
+    """A spec the service stored after validating it at submission (`submission.with_spec`): loaded into
     its typed form, not checked again."""
     try:
         return JobSpec.model_validate_json(Path(path).read_bytes())

@@ -50,7 +50,7 @@ from orchestrator.service.progress import RECORD, STEP, fold
 from orchestrator.service.queue_calls import QueueCalls
 from orchestrator.service.read_calls import ReadCalls
 from orchestrator.service.store import JobRecord, Store, find
-from orchestrator.service.submission import new_job_id, new_record, storage_refusal, unpack
+from orchestrator.service.submission import new_job_id, new_record, storage_refusal, store_package
 from orchestrator.service.tenant_calls import TenantCalls, open_door
 from orchestrator.service.views import Views
 
@@ -197,7 +197,7 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
         with self.lock, self.door.acting(token, route, Action.SUBMIT, target, name=spec.name) as owner:
             owned = {**(options or {}), "user": owner.user, "team": owner.team}
             job = self._new_record(spec, owned, "service")
-            job.package = unpack(self.store, job.id, package, spec)
+            job.package = store_package(self.store, job.id, package, spec)
             self.lifecycle.save(job)
             view = self._view(job)
         self._wake.set()
@@ -233,7 +233,7 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
             job = self._new_record(spec, owned, "driver")
             job.submission_id = job.came_in_by = options.get("submission_id")
             if package is not None:
-                job.package = unpack(self.store, job.id, package, spec)
+                job.package = store_package(self.store, job.id, package, spec)
             job.last_seen = time.time()
             self.lifecycle.save(job)
             return self._view(job)

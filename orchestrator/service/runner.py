@@ -6,11 +6,11 @@ entrypoint is the ordinary driver, `orchestrator run`, attached to the queue's r
     orchestrator run .orchestrator/job.json --job-id <id>
 
 Its working_dir is the job's package in the store (the project directory the job was
-submitted from), and its submission id is `<id>-a<attempt>`: Ray refuses a second Ray Job
-with the same id, so an attempt can never start twice, whichever service tries. Ray takes a
-working_dir as a local directory (which it zips and uploads to the cluster) or as the URI of
-a zip file; a package in a store elsewhere (s3://, gs://) is a directory, so it is copied to
-a local directory on the head first and handed over from there.
+submitted from, zipped, with its spec), and its submission id is `<id>-a<attempt>`: Ray
+refuses a second Ray Job with the same id, so an attempt can never start twice, whichever
+service tries. Ray takes a working_dir as a local zip file (which it uploads to the cluster
+once, by its hash); a package in a store elsewhere (s3://, gs://) is copied to a local file
+on the head first. (A job queued before packages were zips has a directory: Ray zips that.)
 
 The driver runs on the job's own node (the one with most of its workers), not on the head: Ray
 Train's controller and its actors follow their driver, so the head pays for none of a job's
@@ -21,15 +21,14 @@ one attempt: the next admission starts a new one, on the nodes of that admission
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import posixpath
 import shlex
+import shutil
 import tempfile
 from collections.abc import Iterator
 
 from core import storage
-from core.spec import JobSpec
 from orchestrator.ray.launcher import NODE_ID_LABEL, driver_node
 
 SPEC_IN_PACKAGE = ".orchestrator/job.json"
@@ -41,25 +40,23 @@ def submission_id(job_id: str, attempt: int) -> str:
     return f"{job_id}-a{attempt}"
 
 
-def write_spec(package_uri: str, spec: JobSpec) -> None:
-    """The spec validated at submission, beside the project files the job runs with (the
-    driver the service starts loads it from there: `core.spec.load_stored`)."""
-    fs, path = storage.resolve(storage.join(package_uri, SPEC_IN_PACKAGE))
-    fs.create_dir(posixpath.dirname(path), recursive=True)
-    with fs.open_output_stream(path) as out:
-        out.write(json.dumps(spec.model_dump(mode="json", by_alias=True), indent=1).encode())
-
-
 @contextlib.contextmanager
 def local_copy(package_uri: str) -> Iterator[str]:
-    """The package as a local directory for as long as Ray takes to upload it: itself in a
-    local store, else a temporary copy."""
+    """The package as a local zip file (or directory) for as long as Ray takes to upload it:
+    itself in a local store, else a temporary copy."""
     if storage.is_local(package_uri):
         yield storage.resolve(package_uri)[1]
         return
     with tempfile.TemporaryDirectory(prefix="orchestrator-package-") as local:
-        storage.download(package_uri, local)
-        yield local
+        if package_uri.partition("?")[0].endswith(".zip"):
+            target = posixpath.join(local, "package.zip")
+            fs, path = storage.resolve(package_uri)
+            with fs.open_input_stream(path) as src, open(target, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            yield target
+        else:
+            storage.download(package_uri, local)
+            yield local
 
 
 def driver_node_selector(placement: dict[str, int]) -> dict[str, str] | None:

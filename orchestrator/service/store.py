@@ -3,7 +3,8 @@
     <store>/jobs/<job id>.json      a JobRecord, rewritten whole on every change
     <store>/service.json            the lease: which service instance owns the queue
     <store>/queues.json             the queue configuration applied last (if any)
-    <store>/packages/<job id>/      the job's project directory (the Ray Job's working_dir)
+    <store>/packages/<job id>.zip   the job's project directory, zipped, with its spec (the Ray
+                                    Job's working_dir); one object, however many files
 
 Why files and not a database: the store must outlive the head node, and the one place every
 deployment already has that does is the checkpoint storage (NFS, S3, GCS, HDFS through
@@ -27,7 +28,6 @@ import json
 import os
 import posixpath
 import secrets
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -318,20 +318,15 @@ class Store:
     # -- packages (working directories) ----------------------------------------------------
 
     def package_uri(self, job_id: str) -> str:
-        return storage.join(self.uri, "packages", job_id)
+        return storage.join(self.uri, "packages", f"{job_id}.zip")
 
-    def put_package(self, job_id: str, source_dir: str | Path) -> str:
-        """Copy a project directory (what git would ship: tracked and untracked files that are
-        not ignored; without git, all but caches and virtualenvs) into the store."""
-        source_dir = Path(source_dir).resolve()
+    def put_package(self, job_id: str, zipped: bytes) -> str:
+        """The job's package as one object: a project of hundreds of files is one write, not one
+        per file (on object storage each is a request: 343 files took 25 s under load)."""
         uri = self.package_uri(job_id)
         fs, path = storage.resolve(uri)
-        fs.create_dir(path, recursive=True)
-        for relative in project_files(source_dir):
-            target = posixpath.join(path, relative.as_posix())
-            fs.create_dir(posixpath.dirname(target), recursive=True)
-            with open(source_dir / relative, "rb") as src, fs.open_output_stream(target) as out:
-                shutil.copyfileobj(src, out)
+        with fs.open_output_stream(path) as out:
+            out.write(zipped)
         return uri
 
 

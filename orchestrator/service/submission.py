@@ -1,10 +1,12 @@
 """A submitted job becomes a queue record: its id, its run (named once, here), its resources,
-and its project directory (zipped where it was submitted) unpacked into the store, where the
-service starts it from. Imports neither Ray nor torch: the CLI packs here too."""
+and its project directory (zipped where it was submitted), kept in the store as that zip with
+the job's spec added, which the service starts it from. Imports neither Ray nor torch: the
+CLI packs here too."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import secrets
 import time
@@ -15,7 +17,7 @@ from core import run_folder, storage
 from core.jobs import resources_for
 from core.ledger import Ledger
 from core.spec import JobSpec
-from orchestrator.service.runner import write_spec
+from orchestrator.service.runner import SPEC_IN_PACKAGE
 from orchestrator.service.store import JobRecord, Store, project_files
 
 
@@ -76,22 +78,33 @@ def storage_refusal(spec: JobSpec, shared: list[str], nodes: int) -> str | None:
     )
 
 
-def unpack(store: Store, job_id: str, package: bytes | None, spec: JobSpec) -> str | None:
-    """The zipped project directory, unpacked into the store with the spec beside it; its URI."""
+def store_package(store: Store, job_id: str, package: bytes | None, spec: JobSpec) -> str | None:
+    """The zipped project directory with the spec added, as one object in the store; its URI.
+    The driver the service starts loads the spec from there (`core.spec.load_stored`)."""
     if package is None:
         return None
-    uri = store.package_uri(job_id)
-    fs, root = storage.resolve(uri)
+    return store.put_package(job_id, with_spec(package, spec))
+
+
+def with_spec(package: bytes, spec: JobSpec) -> bytes:
+    """The package with `SPEC_IN_PACKAGE` in it, and only names that stay inside the folder
+    it is unpacked into (an absolute name or `..` is dropped)."""
+    safe = lambda name: not name.startswith("/") and ".." not in name.split("/")  # noqa: E731
+    stored = json.dumps(spec.model_dump(mode="json", by_alias=True), indent=1)
     with zipfile.ZipFile(io.BytesIO(package)) as archive:
-        for item in archive.infolist():
-            if item.is_dir() or item.filename.startswith("/") or ".." in item.filename.split("/"):
-                continue
-            target = f"{root}/{item.filename}"
-            fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
-            with archive.open(item) as src, fs.open_output_stream(target) as out:
-                out.write(src.read())
-    write_spec(uri, spec)
-    return uri
+        names = [item.filename for item in archive.infolist()]
+        if all(safe(name) for name in names) and SPEC_IN_PACKAGE not in names:
+            buffer = io.BytesIO(package)  # appended to as it is: nothing decompressed
+            with zipfile.ZipFile(buffer, "a", zipfile.ZIP_DEFLATED) as out:
+                out.writestr(SPEC_IN_PACKAGE, stored)
+            return buffer.getvalue()
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as out:
+            for item in archive.infolist():
+                if safe(item.filename) and item.filename != SPEC_IN_PACKAGE:
+                    out.writestr(item, archive.read(item))
+            out.writestr(SPEC_IN_PACKAGE, stored)
+    return buffer.getvalue()
 
 
 def zip_project(root: str | Path) -> bytes:
