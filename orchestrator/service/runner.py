@@ -30,8 +30,7 @@ from collections.abc import Iterator
 
 from core import storage
 from orchestrator.ray.launcher import NODE_ID_LABEL, driver_node
-
-SPEC_IN_PACKAGE = ".orchestrator/job.json"
+from orchestrator.service.store import SPEC_IN_PACKAGE
 
 log = logging.getLogger("orchestrator.service")
 

@@ -330,6 +330,7 @@ class Store:
         return uri
 
 
+SPEC_IN_PACKAGE = ".orchestrator/job.json"  # the job's spec, inside its package (the driver loads it)
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", "runs", "data", ".whl", ".gpucache"}
 MAX_PACKAGE_BYTES = 100 * 2**20  # Ray's own limit for a working_dir is of this order
 

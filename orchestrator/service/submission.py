@@ -17,8 +17,7 @@ from core import run_folder, storage
 from core.jobs import resources_for
 from core.ledger import Ledger
 from core.spec import JobSpec
-from orchestrator.service.runner import SPEC_IN_PACKAGE
-from orchestrator.service.store import JobRecord, Store, project_files
+from orchestrator.service.store import SPEC_IN_PACKAGE, JobRecord, Store, project_files
 
 
 def new_job_id(name: str) -> str:
