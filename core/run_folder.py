@@ -23,8 +23,6 @@ import posixpath
 import re
 import time
 
-import pyarrow.fs as pafs
-
 from core import storage
 from core.spec import JobSpec
 
@@ -76,6 +74,8 @@ def forget_ray_index(run: str) -> None:
     The next `fit()` reloads that list and stops before any worker starts if a checkpoint on it
     is gone, deleted by pruning or by hand. Nothing of ours reads it (a run resumes from the
     newest valid checkpoint in storage), so each Ray run starts without it."""
+    import pyarrow.fs as pafs  # at the call: the CLI's reads never need pyarrow
+
     fs, path = storage.resolve(storage.join(run, RAY_INDEX_FILE))
     if fs.get_file_info(path).type == pafs.FileType.File:
         fs.delete_file(path)
