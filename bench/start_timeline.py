@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -133,6 +134,11 @@ def main() -> int:
             job_id = done.stdout.split()[0]
             job = json.loads((store / "jobs" / f"{job_id}.json").read_text())
             ray_job = client.get_job_info(job["submission_id"])
+            for _ in range(60):  # `--wait` returns at `succeeded`; the driver exits a moment later
+                if ray_job.end_time is not None:
+                    break
+                time.sleep(0.5)
+                ray_job = client.get_job_info(job["submission_id"])
             actors = [a for name in ACTORS for a in list_actors(head.dashboard, head.env, name)]
             mine = [a for a in actors if a.get("job_id") == ray_job.job_id]
             timeline = job_timeline(job, ray_job, mine, head.temp_dir, runs)

@@ -22,4 +22,5 @@ fi
 . .venv/bin/activate
 ruff check .
 ruff format --check .
-exec python -m pytest -q --durations=15 "$@"
+# the tests that start Ray clusters run one after the other on one worker; the rest beside them
+exec python -m pytest -q -n auto --dist loadgroup --durations=15 "$@"

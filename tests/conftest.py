@@ -40,6 +40,24 @@ def cli():
 
 # --- real Ray clusters (tests/ray_cluster.py): one per session, started like a user would --------
 
+# The fixtures that start a Ray cluster, and the marker of a test that starts one itself. With
+# `-n 2` (scripts/test.sh), every such test runs on one pytest-xdist worker, one after the other
+# (`--dist loadgroup`), so that two clusters never share the machine's cores; the tests that need
+# no cluster run on the other worker meanwhile, in the cores a cluster leaves idle.
+CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling"}
+CLUSTER_GROUP = "ray-clusters"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        defs = item._fixtureinfo.name2fixturedefs
+        # a module's own fixture named `service` (the tenants' unit tests) starts no cluster
+        shared = [defs[name][-1].scope for name in CLUSTER_FIXTURES & defs.keys()]
+        starts_one = any(scope in ("session", "module") for scope in shared)
+        if starts_one or item.get_closest_marker("cluster"):
+            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+
+
 _free_ports = free_ports  # the name other test modules import (the benches: tests/ray_cluster.py)
 
 

@@ -86,6 +86,7 @@ def test_a_gcs_restart_with_redis_loses_no_job_and_runs_none_twice(ft_service):
     )
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(600)
 def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_jobs(tmp_path, s3):
     """The job store and the checkpoints on S3 (`up --store s3://...`): the submission's

@@ -37,7 +37,7 @@ ENTRY_POINTS = {
     "orchestrator/commands/models.py": {"workers"},  # the model registry it lists
     # a checkpoint's model state; the model rebuilt for ONNX
     "orchestrator/commands/export.py": {"workers.checkpoint", "workers.onnx_export"},
-    "orchestrator/ray/launcher.py": {"workers.ray_context"},  # the Ray Train function
+    "orchestrator/ray/launcher.py": {"workers.ray_backend"},  # the Ray Train function and set-up
     # the run's metrics log in storage; preflight: the data is there
     "orchestrator/attempt.py": {"workers.run_log", "workers.checks"},
 }

@@ -99,6 +99,11 @@ def test_jobs_that_do_not_fit_together_run_one_after_the_other(service, tmp_path
     assert train_steps(service.runs / "gang-a") == list(range(5, 41, 5))  # each step once
 
 
+def loads_torch(pid: int) -> bool:
+    """Whether a process has torch's library mapped (read from /proc: the ground truth)."""
+    return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def assert_one_control_actor_per_run_on_the_jobs_own_node(service, job: dict) -> None:
     """Ray's own actor table while one job runs: one actor of ours for the run (its state
     actor, which runs `fit()`) and Ray Train's controller beside it, on the node with most of
@@ -113,6 +118,10 @@ def assert_one_control_actor_per_run_on_the_jobs_own_node(service, job: dict) ->
     node = driver_node(job["placement"])
     (state,), (controller,) = alive("RunState"), alive("TrainController")
     assert state["node_id"] == controller["node_id"] == node, (state, controller, job["placement"])
+    # torch is loaded by the workers, never by the run's control (docs/ray.md, Start-up)
+    for actor in (state, controller):
+        assert not loads_torch(actor["pid"]), actor
+    assert all(loads_torch(w["pid"]) for w in alive("RayTrainWorker"))
     for name in (
         "TrainingRun",
         "PlacementGroupCleaner",
@@ -424,6 +433,7 @@ def _processes_of(temp_dir: str) -> list:
     return found + [c for p in found for c in p.children(recursive=True)]
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(900)
 def test_up_starts_a_local_head_with_its_dashboard_and_down_stops_all_of_it(tmp_path):
     import psutil

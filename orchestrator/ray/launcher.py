@@ -52,9 +52,8 @@ def label_selectors(placement: dict[str, int]) -> list[dict[str, str]]:
 
 def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = None):
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig
 
-    from workers.ray_context import train_worker
+    from workers.ray_backend import ProcessGroupConfig, train_worker
 
     # Ray Train's PreemptionWatcher (an actor per run) tells workers of draining nodes; ours do
     # not ask, and the service acts on a drain itself (checkpoint, then move: docs/cluster.md)
@@ -71,7 +70,7 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
     return trainer_class()(
         train_worker,
         train_loop_config={"spec": spec, "run": run, "state": state},
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        backend_config=ProcessGroupConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(**scaling),
         run_config=RunConfig(
             name=run,
@@ -85,8 +84,12 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
 
 
 def trainer_class():
-    """Ray Train's `TorchTrainer` less three things it starts for every run that the product
-    does without (tests/test_service.py checks none runs):
+    """Ray Train's `TorchTrainer` less torch in its control processes and three things it starts
+    for every run that the product does without (tests/test_service.py checks none runs):
+
+    - torch, in the process that calls `fit()` and in Ray Train's controller: its data-parallel
+      trainer with `workers.ray_backend.ProcessGroupConfig`, `TorchConfig`'s set-up with torch
+      imported on the workers only (docs/ray.md, Start-up).
 
     - the PlacementGroupCleaner, a detached actor pinned to the head node (100-300 MiB there per
       running job: docs/scaling.md) that removes the run's placement groups if the run's
@@ -103,10 +106,10 @@ def trainer_class():
 
     Ray Train has no switch for any: the trainer's default callbacks are filtered and its
     fixed-size policy is given without the requests."""
-    from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
     from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     class FixedSizeWithoutAutoscalerRequests(FixedScalingPolicy):
         def after_controller_start(self, train_run_context) -> None:
@@ -118,7 +121,7 @@ def trainer_class():
         def _cancel_resource_request(self) -> None:
             pass
 
-    class Trainer(TorchTrainer):
+    class Trainer(DataParallelTrainer):
         def _create_default_callbacks(self):
             defaults = super()._create_default_callbacks()
             unused = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
