@@ -48,6 +48,7 @@ CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling"}
 CLUSTER_GROUP = "ray-clusters"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
         defs = item._fixtureinfo.name2fixturedefs

@@ -1,5 +1,5 @@
-"""The service on a real multi-node Ray cluster: gangs across nodes, a node lost under a
-running job, a node that joins, a node drained before it goes.
+"""The service on a real multi-node Ray cluster: gangs across nodes (checked in the node-loss
+test, whose job spans two), a node lost under a running job, a node that joins, a node drained before it goes.
 
 The cluster is the service's own (tests/conftest.py's SERVICE_NODES): a head and two worker
 nodes, raylets of their own on this machine, each with one `slot` standing in for a GPU. A
@@ -42,25 +42,18 @@ def slot_nodes(service) -> int:
     return sum(1 for n in nodes if n["state"] == "ALIVE" and n["resources_total"].get("slot"))
 
 
-@pytest.mark.timeout(300)
-def test_a_gang_lands_on_exactly_the_nodes_the_service_counted(service):
-    job_id = service.submit(steps=2000, name="gang")
-    try:
-        job = service.wait(job_id, lambda j: j["state"] == "running", what="running")
-        placement = job["placement"]
-        assert len(placement) == 2, placement  # one slot per node: the gang spans two nodes
-        deadline = time.time() + 30
-        while len(workers := train_workers(service)) < 2 and time.time() < deadline:
-            time.sleep(0.5)
-        assert collections.Counter(w["node_id"] for w in workers) == placement
-        # the service itself stays on the head node, which outlives the others
-        head = next(
-            n["node_id"] for n in list_nodes(service.head.dashboard, service.head.env) if n["is_head_node"]
-        )
-        services = list_actors(service.head.dashboard, service.head.env, "OrchestratorService")
-        assert [a["node_id"] for a in services if a["state"] == "ALIVE"] == [head]
-    finally:
-        service.cli("stop", job_id, "--now")
+def assert_the_gang_is_where_the_service_counted_it(service, placement: dict[str, int]) -> None:
+    """Ray's actor table: the job's workers on exactly the nodes the service counted (one slot
+    per node: the gang spans two), and the service itself on the head, which outlives them."""
+    assert len(placement) == 2, placement
+    deadline = time.time() + 30
+    while len(workers := train_workers(service)) < 2 and time.time() < deadline:
+        time.sleep(0.5)
+    assert collections.Counter(w["node_id"] for w in workers) == placement
+    nodes = list_nodes(service.head.dashboard, service.head.env)
+    head = next(n["node_id"] for n in nodes if n["is_head_node"])
+    services = list_actors(service.head.dashboard, service.head.env, "OrchestratorService")
+    assert [a["node_id"] for a in services if a["state"] == "ALIVE"] == [head]
 
 
 def ray_declared_dead_at(service, node_id: str) -> float | None:
@@ -95,7 +88,7 @@ def test_a_node_lost_under_a_job_requeues_it_to_resume_on_the_nodes_that_remain(
     ids = {service.head.node_id_of(n): n for n in service.head.nodes if n.process.poll() is None}
     job = service.wait(a, lambda j: j["state"] == "running" and j["step"] >= 150, what="step 150")
     # a gang across two nodes, each rank's part of every checkpoint in the bucket
-    assert len(job["placement"]) == 2
+    assert_the_gang_is_where_the_service_counted_it(service, job["placement"])
     newest = next(c for c in reversed(checkpoints(run_uri)) if incomplete_reason(c) is None)
     parts = service.s3.files("node-loss", "node-loss", newest.rsplit("/", 1)[-1])
     assert {"rng/rank_00000.pt", "rng/rank_00001.pt", "manifest.json"} <= set(parts), parts
