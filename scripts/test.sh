@@ -23,4 +23,4 @@ fi
 ruff check .
 ruff format --check .
 # the tests that start Ray clusters run one after the other on one worker; the rest beside them
-exec python -m pytest -q -n auto --dist loadgroup --durations=15 "$@"
+exec python -m pytest -q -n auto --durations=15 "$@"

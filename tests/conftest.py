@@ -40,23 +40,48 @@ def cli():
 
 # --- real Ray clusters (tests/ray_cluster.py): one per session, started like a user would --------
 
-# The fixtures that start a Ray cluster, and the marker of a test that starts one itself. With
-# `-n 2` (scripts/test.sh), every such test runs on one pytest-xdist worker, one after the other
-# (`--dist loadgroup`), so that two clusters never share the machine's cores; the tests that need
-# no cluster run on the other worker meanwhile, in the cores a cluster leaves idle.
-CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling"}
-CLUSTER_GROUP = "ray-clusters"
+# With `-n` (scripts/test.sh runs `-n auto`), the files whose tests start Ray clusters run on
+# one pytest-xdist worker, one test after the other, so that two clusters never share the
+# machine's cores; the other tests run on the other workers meanwhile, in the cores a cluster
+# leaves idle. A test that starts a cluster in a file not listed here is a collection error.
+CLUSTER_FILES = {
+    "test_autoscaler.py",
+    "test_checkpoint_faults.py",
+    "test_cluster.py",
+    "test_faults.py",
+    "test_head_restart.py",
+    "test_mlflow_live.py",
+    "test_monitoring.py",
+    "test_queues_live.py",
+    "test_ray_jobs.py",
+    "test_ray_run.py",
+    "test_service.py",
+    "test_tenants_live.py",
+}
+CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling"}  # session or module scope
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
         defs = item._fixtureinfo.name2fixturedefs
-        # a module's own fixture named `service` (the tenants' unit tests) starts no cluster
+        # a module's own function-scoped fixture named `service` (the tenants' unit tests) starts none
         shared = [defs[name][-1].scope for name in CLUSTER_FIXTURES & defs.keys()]
-        starts_one = any(scope in ("session", "module") for scope in shared)
-        if starts_one or item.get_closest_marker("cluster"):
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+        starts_one = item.get_closest_marker("cluster") or any(s in ("session", "module") for s in shared)
+        if starts_one and item.path.name not in CLUSTER_FILES:
+            raise pytest.UsageError(f"{item.nodeid} starts a Ray cluster: add its file to CLUSTER_FILES")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneClusterAtATime(LoadScopeScheduling):
+        """xdist's scope scheduling with one scope for every cluster test, one per other test."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            in_cluster_file = Path(nodeid.split("::")[0]).name in CLUSTER_FILES
+            return "ray-clusters" if in_cluster_file else nodeid
+
+    return OneClusterAtATime(config, log)
 
 
 _free_ports = free_ports  # the name other test modules import (the benches: tests/ray_cluster.py)
