@@ -175,9 +175,9 @@ def test_checkpoints_on_one_disk_per_node_are_refused_for_a_cluster_of_many_node
 @pytest.mark.timeout(400)
 def test_a_node_that_joins_lets_the_head_of_the_queue_start(service):
     # fill every slot the cluster has now, then queue a one-worker job behind it
-    busy = service.submit(
-        f"resources.num_workers={slot_nodes(service)}", "data.batch_size=60", steps=3000, name="filler"
-    )
+    filler = service.paced("filler", 0.05)  # holds the slots, and leaves the CPUs to the newcomer
+    sets = f"resources.num_workers={slot_nodes(service)}", "data.batch_size=60"
+    busy = service.submit(*sets, steps=3000, name=filler)
     service.wait(busy, lambda j: j["state"] == "running", what="running")
     queued = service.submit("resources.num_workers=1", steps=20, name="newcomer")
     time.sleep(3)
@@ -280,7 +280,8 @@ def fixed_size_continuation(checkpoint: str, step: int, out) -> dict[int, float]
 
 @pytest.mark.timeout(900)
 def test_an_elastic_job_shrinks_for_a_higher_priority_job_and_grows_back_with_no_step_lost(service, tmp_path):
-    job_id = service.submit(*ELASTIC, steps=10**6, name="elastic")  # stopped by the test
+    # stopped by the test; paced, so that it leaves the CPUs to the starts and stops it waits for
+    job_id = service.submit(*ELASTIC, steps=10**6, name=service.paced("elastic", 0.02))
     try:
         job = service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 50, what="step 50")
         assert sum(job["placement"].values()) == 2  # admitted at the largest size that fits

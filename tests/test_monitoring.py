@@ -50,7 +50,10 @@ def running(service):
     """A long 2-worker job, running, with checkpoint storage whose path holds HTML."""
     storage = service.runs / f"monitored-{HOSTILE}"
     job_id = service.submit(
-        "checkpoint.every_steps=50", f"checkpoint.storage={storage}", name="monitored", steps=200000
+        "checkpoint.every_steps=50",
+        f"checkpoint.storage={storage}",
+        name=service.paced("monitored", 0.05),  # it leaves the CPUs to the scrapes and the page
+        steps=200000,
     )
     service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 50, what="a running job")
     yield job_id

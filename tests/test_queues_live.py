@@ -91,10 +91,10 @@ def test_a_lender_reclaims_its_nominal_quota_from_a_borrower_which_resumes_later
     )
     assert queues(config).returncode == 0
     one = ("resources.num_workers=1", "scheduling.queue=borrower", "scheduling.preemptible=true")
-    # the first borrower trains until the test stops it: it must hold its slot through the
-    # reclaim whatever the machine's pace (a quiet 2-core runner trains 4,000 steps in 50 s);
-    # the second is paced until the lender's job has run
-    first = service.submit(*one, name="borrow-1", steps=10**6)
+    # the first borrower trains (paced: it leaves the CPUs to the others) until the test stops
+    # it: it must hold its slot through the reclaim; the second is paced until the lender's job
+    # has run
+    first = service.submit(*one, name=service.paced("borrow-1", 0.05), steps=10**6)
     service.wait(first, lambda j: j["state"] == "running", what="running")
     name = service.paced("borrow-2")
     second = service.submit(*one, name=name, steps=600)  # beyond its nominal quota: borrows
