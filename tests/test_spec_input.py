@@ -206,13 +206,13 @@ def problems_of(path, overrides=()) -> list[str]:
 @pytest.mark.parametrize("name,data,words", CASES, ids=IDS)
 def test_bad_input_is_one_line_quickly(tmp_path, name, data, words):
     path = write(tmp_path, data)
-    start = time.perf_counter()
+    start = time.process_time()  # this process' CPU: what a bomb costs, whatever else runs beside
     problems = problems_of(path)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert len(problems) == 1, problems
     assert words in problems[0], problems
     assert "\n" not in problems[0] and len(problems[0]) <= 500
-    assert elapsed < 2.0, f"{name} took {elapsed:.2f} s"  # bounded: never the minutes a bomb would take
+    assert elapsed < 2.0, f"{name} took {elapsed:.2f} s of CPU"  # never the minutes a bomb would take
 
 
 def test_validate_exits_2_with_one_line_per_case_and_no_traceback(cli, tmp_path):
@@ -256,19 +256,19 @@ def test_paths_that_are_not_spec_files(cli, tmp_path, path, words):
 
 def test_billion_laughs_is_refused_in_milliseconds(tmp_path):
     path = write(tmp_path, laughs(9, 7))  # 7**9 = 40 million strings once expanded
-    start = time.perf_counter()
+    start = time.process_time()  # CPU: whatever runs beside
     with pytest.raises(SpecError, match="expands to more than 10000 values"):
         load_spec(path)
-    assert time.perf_counter() - start < 0.1
+    assert time.process_time() - start < 0.1
 
 
 def test_the_largest_file_read_parses_in_bounded_time(tmp_path):
     """Plain text with spaces is the slowest YAML to scan: a file just under the cap."""
     path = write(tmp_path, b"name: " + b"a " * (MAX_SPEC_BYTES // 2 - 8) + b"\n")
-    start = time.perf_counter()
+    start = time.process_time()  # CPU: whatever runs beside
     with pytest.raises(SpecError, match="name: must be lowercase letters"):
         load_spec(path)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 def test_anchors_merges_and_flow_keys_within_limits_still_work(tmp_path):
