@@ -12,6 +12,7 @@ from tests.ray_cluster import RayHead, free_ports, start_ray_head, stop_ray_head
 from tests.s3_server import restore, start_s3_server
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.cpu_per_test"]  # SUITE_CPU_LOG=FILE: CPU seconds per test
 
 
 def run_cli(
