@@ -77,7 +77,7 @@ def pytest_collection_modifyitems(items):
         shared = [defs[name][-1].scope for name in CLUSTER_FIXTURES & defs.keys()]
         starts_one = item.get_closest_marker("cluster") or any(s in ("session", "module") for s in shared)
         if starts_one and item.path.name not in CLUSTER_FILES:
-            raise pytest.UsageError(f"{item.nodeid} starts a Ray cluster: add its file to a lane of CLUSTER_LANES")
+            raise pytest.UsageError(f"{item.nodeid} starts a Ray cluster: put its file in CLUSTER_LANES")
 
 
 def pytest_xdist_make_scheduler(config, log):
