@@ -263,11 +263,12 @@ class Ledger:
         """What the CLI, the page and the exporter show: {"buckets": {bucket: s}, "wall_s",
         "gpu_seconds" (all buckets), "goodput": {"scheduling", "runtime", "program", "time"}}."""
         buckets = self.buckets(now)
+        wall_s = sum(buckets.values())
         return {
             "buckets": buckets,
-            "wall_s": sum(buckets.values()),
-            "gpu_seconds": sum(buckets.values()) * self.workers * self.gpus_per_worker,
-            "goodput": self.goodput(now, mfu).as_dict(),
+            "wall_s": wall_s,
+            "gpu_seconds": wall_s * self.workers * self.gpus_per_worker,
+            "goodput": Goodput.of(buckets, mfu).as_dict(),  # of the same buckets, charged once
         }
 
     # -- storage ------------------------------------------------------------------------------

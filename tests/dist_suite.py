@@ -194,7 +194,11 @@ def suite(base: Path) -> dict[str, Run]:
         timeout=900,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"the 2-process runs failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
+        # each rank's own last lines: the one that failed first is not the one that printed last
+        ranks = {r: [ln for ln in result.stderr.splitlines() if ln.startswith(f"[rank{r}]:")] for r in (0, 1)}
+        tails = "\n".join(line for r in (0, 1) for line in ranks[r][-25:])
+        printed = f"{result.stdout[-3000:]}\n{tails}\n{result.stderr[-3000:]}"
+        raise RuntimeError(f"the 2-process runs failed:\n{printed}")
     for name, (job, _, _) in DIST_RUNS.items():
         summary = json.loads((base / f"{name}.summary.json").read_text())
         runs[name] = Run(run_dir(base, name, job), summary)

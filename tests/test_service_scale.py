@@ -5,6 +5,8 @@ and the drivers' reports fold into `status`, the exporter and `/metrics`. No tim
 asserted: the machine decides those. No Ray cluster: the service runs against the bench's fakes.
 """
 
+import time
+
 import pytest
 
 from bench import service_scale
@@ -86,3 +88,27 @@ def test_the_status_command_reads_the_job(measured):
     _, read = measured
     job_id = next(iter(read["bench"].drivers))
     assert job_id in read["cli_status_s"] and "running" in read["cli_status_s"]
+
+
+def test_a_page_polling_a_job_with_nothing_new_reads_no_metrics_log(tmp_path, monkeypatch):
+    """The page asks every running job for records past the newest it has, every few seconds:
+    when the service's memory holds the job's newest records and none is newer, that is an
+    empty answer, not a read of the run's metrics log in storage (1,000 reads a poll at scale)."""
+    from orchestrator.service import live
+
+    bench = service_scale.Bench(2, 1, history=10, tmp=tmp_path)
+    try:
+        bench.fill()
+        bench.warm()
+        job_id, driver = next(iter(bench.drivers.items()))
+        newest = bench.service.metrics_since(job_id, -1, 120)[-1]["step"]
+        reads = []
+        monkeypatch.setattr(live.metrics_log, "read_metrics", lambda uri: reads.append(uri) or [])
+        assert bench.service.metrics_since(job_id, newest, 120) == []
+        assert reads == []
+        steps = 2 * service_scale.service_fakes.LOG_EVERY  # newer records, from memory
+        bench.service.report(job_id, driver.attempt, driver.report(steps, time.time()))
+        newer = bench.service.metrics_since(job_id, newest, 120)
+        assert newer and all(r["step"] > newest for r in newer) and reads == []
+    finally:
+        bench.close()

@@ -82,6 +82,8 @@ class ReadCalls:
             kept = live.since(since_step, newest) if live is not None else []
             if kept and (len(kept) == newest or not live.older_than(since_step)):
                 return kept
+            if not kept and live is not None and live.records and not live.older_than(since_step):
+                return []  # memory has the newest records, none after since_step: no log to read
             run_uri = run_folder.run_uri(job.spec, job.run)
         return with_logged(kept, run_uri, since_step, newest)
 

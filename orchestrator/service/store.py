@@ -170,9 +170,14 @@ def _field_names() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(JobRecord))
 
 
+_IMMUTABLE = frozenset({str, int, float, bool})
+
+
 def _plain(value: Any) -> Any:
     """`value` copied as `dataclasses.asdict` copies a field, without its deep copy of every
     number and string (they are immutable): a record is copied on every save and view."""
+    if value is None or type(value) in _IMMUTABLE:  # most fields: the cheapest test first
+        return value
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
