@@ -710,6 +710,11 @@ def test_queue_reads_running_jobs_metrics_incrementally(served):
         j["id"] for j in queue if j["state"] in ("admitted", "running", "stopping")
     }
     assert next(j for j in queue if j["id"] == source.running_id)["live"]["step"] == 8100
+    # `orchestrator queue` asks for the views alone: no job's metrics read, no rates or trails
+    source.metrics_calls.clear()
+    _, plain = fetch_json(url + "api/queue?rates=0")
+    assert source.metrics_calls == [] and [j["id"] for j in plain] == [j["id"] for j in queue]
+    assert not any({"live", "loss_trail", "restarts"} & set(j) for j in plain)
 
 
 def test_job_view_with_history_and_checkpoints(served):

@@ -33,7 +33,8 @@ def read_queue(
 
     page = client.recorded_page(address)
     if page:
-        query = f"queue?finished={int(include_finished)}" + ("" if waiting is None else f"&waiting={waiting}")
+        query = f"queue?finished={int(include_finished)}&rates=0"  # the page's live rates: not shown here
+        query += "" if waiting is None else f"&waiting={waiting}"
         try:
             jobs, info = client.api_get(page, query), client.api_get(page, "info")
             if not include_finished:  # a service from before ?finished sends every job

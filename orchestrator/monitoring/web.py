@@ -5,7 +5,8 @@
     GET /api/info                        the service: generation, store, dashboard, nodes, counts, queues
     GET /api/queue                       every job's view, plus its newest rates ("live", "restarts")
                                          and a running job's newest losses ("loss_trail");
-                                         ?waiting=N: only the first N waiting jobs, ?finished=0
+                                         ?waiting=N: only the first N waiting jobs, ?finished=0;
+                                         ?rates=0: the views alone (what `orchestrator queue` reads)
     GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)
     GET /api/jobs/{id}/metrics?since=N   the job's metrics records with step > N
     GET /metrics                         the registry in Prometheus' text format (404 without one)
@@ -253,6 +254,8 @@ class _Reads:
         if "finished" in request.query:
             asked["finished"] = request.query["finished"] not in ("0", "false", "no")
         views = await in_executor(functools.partial(self.source.queue, **asked))
+        if request.query.get("rates") in ("0", "false", "no"):  # no metrics read, half the bytes
+            return json_reply(views)
         return json_reply(await in_executor(self.live.annotate, views))
 
     async def job(self, request: web.Request) -> web.Response:
