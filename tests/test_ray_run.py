@@ -256,6 +256,17 @@ def test_joining_a_token_cluster_without_the_token_says_what_to_do(ray_head, tmp
         " an auth token and none was found"
     )
     assert "ray get-auth-token" in last and "Traceback" not in result.stderr
+    # a token the cluster does not know: refused in one line too (both asked once, at once)
+    wrong = subprocess.run(
+        result.args,
+        cwd=ROOT,
+        env={**env, "RAY_AUTH_TOKEN": "not-the-token"},
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+    assert f"the Ray cluster at {ray_head.address} rejected this machine's auth token" in wrong.stderr
 
 
 @pytest.mark.timeout(600)

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +79,26 @@ def _have_token() -> bool:
         return AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
     except Exception:  # a token path that cannot be read counts as no token
         return False
+
+
+def refuses_our_token(address: str) -> bool:
+    """Whether the cluster's GCS at host:port refuses this process' token, or its lack of one:
+    one request, answered in milliseconds, where `ray.init` retries for 20 s before it gives up.
+    False when the address is not a reachable host:port (then `ray.init` says what is wrong)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return False
+    try:
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except OSError:
+        return False
+    try:
+        from ray._raylet import GcsClient  # what ray.init asks the GCS with; no public API asks
+
+        GcsClient(address=address).internal_kv_get(b"orchestrator-token-check", None, timeout=5)
+    except Exception as err:  # only a refusal is ours to report
+        return is_auth_error(err)
+    return False
 
 
 def connected_temp_dir() -> str | None:
@@ -196,6 +217,8 @@ def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
     try:
         if address:
             use_token_if_available()
+            if refuses_our_token(address):
+                raise ClusterError(auth_message(address))
             try:
                 context = ray.init(
                     address=address,
