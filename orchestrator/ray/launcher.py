@@ -12,15 +12,16 @@
     fault_tolerance -> FailureConfig(max_failures): a failed worker group restarts from the
                        newest complete checkpoint
 
-`start()` runs `fit()` in the run's state actor (`run_state.RunState`) on the driver's node
-and returns a `RunHandle`: the caller
-reads the run's events, asks it to stop (the workers checkpoint at the step their next sum
-carries the request) or aborts it (the actor and all the run's processes end at once), waits
-for it, and gets its summary. Printing, exit codes and the queue are the caller's business.
+`start()` runs `fit()`, and Ray Train's controller loop with it, in the run's state actor
+(`run_state.RunState`) on the job's node and returns a `RunHandle`: the caller reads the run's
+events, asks it to stop (the workers checkpoint at the step their next sum carries the
+request) or aborts it (the actor and all the run's processes end at once), waits for it, and
+gets its summary. Printing, exit codes and the queue are the caller's business.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -104,8 +105,13 @@ def trainer_class():
       splits Ray Data datasets between the workers: started for every run, datasets or none.
       The workers read their data themselves (workers/data/); no run passes Ray datasets.
 
-    Ray Train has no switch for any: the trainer's default callbacks are filtered and its
-    fixed-size policy is given without the requests."""
+    - the `TrainController` actor: a process of its own (~250 MiB, ~1 s of the start) whose
+      whole job is an asyncio loop that polls the workers. It runs in the process that calls
+      `fit()` instead (`run_controller_here`), the run's state actor, which owned it anyway:
+      killing that actor still ends the controller, the workers and their placement group.
+
+    Ray Train has no switch for any: the trainer's default callbacks are filtered, its
+    fixed-size policy is given without the requests, and its controller is run, not started."""
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
     from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
@@ -129,9 +135,21 @@ def trainer_class():
 
         def _initialize_and_run_controller(self, **kwargs):
             kwargs["scaling_policy"] = FixedSizeWithoutAutoscalerRequests(self.scaling_config)
-            return super()._initialize_and_run_controller(**kwargs)
+            return run_controller_here(kwargs)
 
     return Trainer
+
+
+def run_controller_here(controller_kwargs: dict):
+    """Ray Train's controller loop in this process, where `fit()` would start it as an actor of
+    its own and block on it: the same loop, states and result, one process less. The workers
+    get this process's actor as their controller (they ask it nothing: the product does not
+    call `ray.train.get_all_reported_checkpoints`)."""
+    from ray.train.v2._internal.execution.controller import TrainController
+
+    controller = TrainController(**controller_kwargs)
+    asyncio.run(controller.run())
+    return controller.get_result()
 
 
 class RunHandle:
@@ -139,7 +157,7 @@ class RunHandle:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.spec, self.run, self.placement = spec, run, placement
-        # the run's state actor, which runs fit() (so Ray Train's controller is there too), lives
+        # the run's state actor, which runs fit() and Ray Train's controller loop, lives
         # on the job's own node where the service placed it, else on the driver's
         node = driver_node(placement or {}) or ray.get_runtime_context().get_node_id()
         here = NodeAffinitySchedulingStrategy(node, soft=False)

@@ -1,6 +1,6 @@
-"""The state and control of one run: one actor beside the driver, which also runs the run's
-`TorchTrainer.fit()` (so Ray Train's controller, its workers and their placement group belong
-to it: killing it ends the run at once, wherever it is).
+"""The state and control of one run: one actor on the job's node, which also runs the run's
+`fit()` and Ray Train's controller loop in its own process (`launcher.run_controller_here`), so
+the workers and their placement group belong to it: killing it ends the run at once.
 
 `ray.train.report()` is a barrier that can block for seconds in Ray Train V2, so the workers
 use it only to register checkpoints. Everything else goes through this actor: rank 0 sends
