@@ -1,14 +1,16 @@
 """Scheduling policies replayed on Microsoft's Philly job log, one VC at a time (issue 34).
 
     python bench/philly.py pcs PCS_CHECKOUT /tmp/philly-vcs   # or: log cluster_job_log /tmp/philly-vcs
-    python bench/scheduler_philly.py /tmp/philly-vcs [--vcs 2869ce,e13805] [--out DIR]
+    python bench/scheduler_philly.py /tmp/philly-vcs [--vcs 2869ce,e13805] [--out DIR] [--order las-share]
 
 Every VC with at least 500 jobs (`philly.MIN_JOBS`), on its cluster (`philly.cluster_nodes`:
 the fewest 8-GPU nodes that hold its largest job at an offered load of at most 0.8), under
 `fifo`, `sjf-oracle` (exact durations: the bound for ordering alone) and `las` (no durations,
-the default LAS settings of `core.queues.LasSettings`). Writes `<out>/scheduler_philly.json`
-and `.md` with provenance and issue 34's targets per VC; a VC's table is written as soon as
-it is done, so a long run can be cut short and still leave what it has.
+the default LAS settings of `core.queues.LasSettings`; `--order las-share`: the tuned LAS of
+`orchestrator/policy/las.py` instead). Writes `<out>/scheduler_philly.json` and `.md` (with
+another order: `scheduler_philly-<order>.*`) with provenance and issue 34's targets per VC;
+a VC's table is written as soon as it is done, so a long run can be cut short and still
+leave what it has.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ from philly import cluster_nodes, load_vcs, offered_load  # noqa: E402  (bench/ 
 from provenance import git_commit  # noqa: E402
 from trace_sim import SimConfig, replay  # noqa: E402
 
-POLICIES = ("fifo", "sjf-oracle", "las")
+ORDERS = ("las", "las-share")  # the orders measured against fifo and sjf-oracle (no durations)
 
 
-def targets(table: dict) -> dict:
-    """Issue 34's targets for `las` (no durations) on one VC."""
-    las, fifo, sjf = table["las"], table["fifo"], table["sjf-oracle"]
+def targets(table: dict, order: str = "las") -> dict:
+    """Issue 34's targets for the LAS `order` (no durations) on one VC (keys name it `las`)."""
+    las, fifo, sjf = table[order], table["fifo"], table["sjf-oracle"]
     out = {
         "avg_jct_fifo_over_las": fifo["avg_jct_s"] / las["avg_jct_s"],  # >= 2
         "avg_jct_las_over_sjf": las["avg_jct_s"] / sjf["avg_jct_s"],  # <= 1.3
@@ -54,24 +56,27 @@ def targets(table: dict) -> dict:
 
 
 def render(record: dict) -> str:
+    order = record.get("order", "las")
+    policies = ("fifo", "sjf-oracle", order)
     lines = [
         "# Scheduling policies on the Philly job log, per VC (issue 34)",
         "",
         f"- {record['date']}; commit `{record['commit']}`; command: `{record['command']}`",
         f"- traces: {record['traces']}; Python {record['machine']['python']},"
         f" {record['machine']['cpus']} CPU(s)",
-        "- JCT in hours; `sjf-oracle` gets exact durations, `fifo` and `las` none; preemption costs 60 s",
-        "- targets (las): avg JCT >= 2x better than fifo, <= 1.3x sjf-oracle's; p99 <= 1.5x fifo's;"
+        f"- JCT in hours; `sjf-oracle` gets exact durations, `fifo` and `{order}` none;"
+        " preemption costs 60 s",
+        f"- targets ({order}): avg JCT >= 2x better than fifo, <= 1.3x sjf-oracle's; p99 <= 1.5x fifo's;"
         " <= 2 preemptions per job",
         "",
-        "| VC | jobs | nodes x 8 | load | fifo avg / p99 | sjf-oracle avg / p99 | las avg / p99"
-        " | fifo/las | las/sjf | las p99/fifo p99 | preempt./job | met |",
+        f"| VC | jobs | nodes x 8 | load | fifo avg / p99 | sjf-oracle avg / p99 | {order} avg / p99"
+        f" | fifo/{order} | {order}/sjf | {order} p99/fifo p99 | preempt./job | met |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for vc, row in record["vcs"].items():
         t, r = row["targets"], row["tables"]
         cells = " | ".join(
-            f"{r[p]['avg_jct_s'] / 3600:.1f} / {r[p]['p99_jct_s'] / 3600:.0f}" for p in POLICIES
+            f"{r[p]['avg_jct_s'] / 3600:.1f} / {r[p]['p99_jct_s'] / 3600:.0f}" for p in policies
         )
         lines.append(
             f"| {vc} | {row['jobs']} | {row['nodes']} | {row['load']:.2f} | {cells}"
@@ -87,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("traces", help="the folder `bench/philly.py` wrote")
     parser.add_argument("--vcs", default="", help="comma-separated VCs (default: every VC of 500+ jobs)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--order", default="las", choices=ORDERS, help="the LAS order to measure")
     args = parser.parse_args(argv)
+    policies = ("fifo", "sjf-oracle", args.order)
+    stem = "scheduler_philly" if args.order == "las" else f"scheduler_philly-{args.order}"
     vcs = load_vcs(args.traces)
     if args.vcs:
         vcs = {vc: vcs[vc] for vc in args.vcs.split(",")}
@@ -99,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             ["python", "bench/scheduler_philly.py", *(sys.argv[1:] if argv is None else argv)]
         ),
         "traces": _provenance(Path(args.traces)),
+        "order": args.order,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -112,17 +121,17 @@ def main(argv: list[str] | None = None) -> int:
         nodes = cluster_nodes(jobs)
         print(f"== VC {vc}: {len(jobs)} jobs on {nodes} nodes x 8 GPUs", flush=True)
         started = time.perf_counter()
-        tables = replay(jobs, SimConfig(nodes, 8), POLICIES, log=lambda line: print(line, flush=True))
+        tables = replay(jobs, SimConfig(nodes, 8), policies, log=lambda line: print(line, flush=True))
         record["vcs"][vc] = {
             "jobs": len(jobs),
             "nodes": nodes,
             "load": offered_load(jobs, nodes),
             "tables": tables,
-            "targets": targets(tables),
+            "targets": targets(tables, args.order),
             "wall_s": time.perf_counter() - started,
         }
-        (out / "scheduler_philly.json").write_text(json.dumps(record, indent=2) + "\n")
-        (out / "scheduler_philly.md").write_text(render(record))
+        (out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
+        (out / f"{stem}.md").write_text(render(record))
     print(render(record))
     return 0
 

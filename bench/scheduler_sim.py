@@ -8,7 +8,7 @@
 
 With `--trace`, every policy replays the trace instead (`bench/trace_sim.py`): FIFO, FIFO with
 EASY backfill and SJF on exact durations (baselines), `default` (the service with nothing
-configured), `las` and `las+cohorts`, and `configured` with `--queues FILE`; see
+configured), `las`, `las+cohorts` and `las-share`, and `configured` with `--queues FILE`; see
 docs/scheduler.md ("Trace replay").
 
 No Ray: the same `Policy` the service runs is called on every event (a job arriving, ending,

@@ -31,8 +31,9 @@ from bench.fifo import FifoPolicy
 from core.queues import QueueConfig, validate_queue_config
 from orchestrator.policy import Allocation, Decision, JobRequest, Node, Policy
 from orchestrator.policy.admission import free_capacity, place
+from orchestrator.policy.las import LAS_SHARE_SETTINGS, LAS_SHARE_TUNING
 
-POLICIES = ("fifo", "fifo-backfill", "sjf-oracle", "default", "las", "las+cohorts")
+POLICIES = ("fifo", "fifo-backfill", "sjf-oracle", "default", "las", "las+cohorts", "las-share")
 ORACLES = {"fifo-backfill", "sjf-oracle"}  # always given exact durations
 
 
@@ -64,16 +65,20 @@ class SjfOracle:
         return decision
 
 
-def queue_config(jobs: list[TraceJob], total_gpus: int, cohorts: bool) -> QueueConfig:
+def queue_config(
+    jobs: list[TraceJob], total_gpus: int, cohorts: bool, las: dict | None = None
+) -> QueueConfig:
     """Every queue of the trace with order `las`; with `cohorts`, all in one cohort with equal
-    nominal quotas that add up to the cluster (and no borrowing limit)."""
+    nominal quotas that add up to the cluster (and no borrowing limit). `las`: LAS settings
+    (the queue file's `las:` section; None: the defaults)."""
     names = sorted({job.queue for job in jobs})
     share = total_gpus / len(names)
     queues = {
         name: {"order": "las", **({"cohort": "all", "nominal": {"GPU": share}} if cohorts else {})}
         for name in names
     }
-    return validate_queue_config({"cohorts": ["all"] if cohorts else [], "queues": queues})
+    raw = {"cohorts": ["all"] if cohorts else [], "queues": queues}
+    return validate_queue_config(raw | ({"las": las} if las is not None else {}))
 
 
 def make_policy(name: str, nodes: list[Node], jobs: list[TraceJob], total_gpus: int, queues=None):
@@ -87,6 +92,9 @@ def make_policy(name: str, nodes: list[Node], jobs: list[TraceJob], total_gpus: 
         return Policy(nodes)
     if name in ("las", "las+cohorts"):
         return Policy(nodes, queues=queue_config(jobs, total_gpus, cohorts=name == "las+cohorts"))
+    if name == "las-share":  # LAS with the top share and victims in reverse queue order (`las.py`)
+        config = queue_config(jobs, total_gpus, cohorts=False, las=LAS_SHARE_SETTINGS.model_dump())
+        return Policy(nodes, queues=config, las_tuning=LAS_SHARE_TUNING)
     if name == "configured":
         return Policy(nodes, queues=queues)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
@@ -234,7 +242,7 @@ def simulate(policy, jobs: list[TraceJob], cfg: SimConfig, oracle: bool) -> Outc
             allocation = Allocation(
                 job_id, request.priority, dict(placement), run.per_worker, now, True, request.queue,
                 None if request.est_runtime_s is None else now + request.est_runtime_s,
-                user=request.user, attained_s=run.attained_s,
+                user=request.user, attained_s=run.attained_s, submitted_at=request.submitted_at,
             )  # fmt: skip
             occupy(allocation, +1)
             running[job_id] = allocation

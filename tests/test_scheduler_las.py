@@ -1,13 +1,16 @@
 """Least attained service (orchestrator/policy/las.py) through `Policy(queues=...)`: order,
-demotion, promotion of starving jobs, minimum run time, and the default left unchanged."""
+demotion, promotion of starving jobs, minimum run time, the default left unchanged, and the
+tuned order `las-share` (victims in reverse queue order, the top level's share)."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
+
 from core.queues import validate_queue_config
 from orchestrator.policy import Allocation, JobRequest, Node, Policy
-from orchestrator.policy.las import Las, attained
+from orchestrator.policy.las import LAS_SHARE_SETTINGS, LAS_SHARE_TUNING, Las, LasTuning, attained
 
 HOUR = 3600.0
 CONFIG = validate_queue_config(
@@ -29,10 +32,14 @@ def job(name, gpus=1, submitted=0.0, attained=0.0, queue="lq", priority=0, queue
     )  # fmt: skip
 
 
-def running(name, gpus=1, started=0.0, attained=0.0, queue="lq", node="n0", priority=0, user=None):
+def running(
+    name, gpus=1, started=0.0, attained=0.0, queue="lq", node="n0", priority=0, user=None, submitted=None
+):
+    per_worker = {"GPU": float(gpus)}
     return Allocation(
-        name, priority, {node: 1}, {"GPU": float(gpus)}, started, False, queue, user=user, attained_s=attained
-    )
+        name, priority, {node: 1}, per_worker, started, False, queue, user=user, attained_s=attained,
+        submitted_at=submitted,
+    )  # fmt: skip
 
 
 def test_less_served_jobs_go_first_within_a_priority_level():
@@ -140,3 +147,59 @@ def test_default_policy_ignores_las_fields():
     jobs = [job("a", submitted=0.0, attained=50 * HOUR), job("b", submitted=1.0)]
     decision = plain.schedule(10 * HOUR, jobs, held)
     assert decision.preempt == [] and decision.head == "a" and decision.wake_at is None
+
+
+# -- the tuned order (`LasTuning`): levels of 1 and 10 GPU-hours here, top level = 2
+BY_SUBMISSION = LasTuning(victims="latest-submitted")
+TOP_HALF = LasTuning(victims="latest-submitted", top_share=0.5)
+
+
+def test_tuned_victims_are_the_latest_submitted_of_the_highest_level():
+    policy = Policy(nodes(1, 2.0), queues=CONFIG, las_tuning=BY_SUBMISSION)
+    held = [
+        running("old", started=5 * HOUR, attained=20 * HOUR, submitted=0.0),  # restarted last
+        running("young", started=HOUR, attained=20 * HOUR, submitted=100.0),
+    ]
+    decision = policy.schedule(6 * HOUR, [job("fresh", submitted=6 * HOUR)], held)
+    assert decision.preempt == ["young"]  # plain LAS takes "old", the most recently started
+    plain = Policy(nodes(1, 2.0), queues=CONFIG).schedule(6 * HOUR, [job("fresh", submitted=6 * HOUR)], held)
+    assert plain.preempt == ["old"]
+
+
+def test_top_share_protects_the_oldest_long_jobs_and_not_more():
+    policy = Policy(nodes(1, 4.0), queues=CONFIG, las_tuning=TOP_HALF)  # 2 of 4 GPUs for the top level
+    held = [
+        running(f"long{i}", started=0.0, attained=20 * HOUR, submitted=float(i), node="n0") for i in range(4)
+    ]
+    first = policy.schedule(HOUR, [job("a", submitted=HOUR)], held)
+    assert first.preempt == ["long3"]  # the latest submitted; long0 and long1 hold the share
+    third = policy.schedule(HOUR, [job("c", gpus=3, submitted=HOUR)], held)
+    assert third.preempt == [] and third.head == "c"  # only 2 GPUs may be taken from the top level
+
+
+def test_top_share_lifts_the_oldest_waiting_long_job():
+    policy = Policy(nodes(1, 2.0), queues=CONFIG, las_tuning=TOP_HALF)  # 1 of 2 GPUs
+    held = [running("short", started=1.5 * HOUR), running("mid", started=0.0, attained=2 * HOUR)]
+    long_job = job("long", submitted=0.0, attained=20 * HOUR, queued_since=HOUR)  # not starving yet
+    fresh = job("fresh", submitted=2 * HOUR)
+    decision = policy.schedule(2 * HOUR, [fresh, long_job], held)
+    assert decision.reserved_for == "long" and decision.preempt == ["mid"]  # level 1, not level 0
+    plain = Policy(nodes(1, 2.0), queues=CONFIG, las_tuning=BY_SUBMISSION)
+    assert plain.schedule(2 * HOUR, [fresh, long_job], held).reserved_for == "fresh"
+
+
+def test_running_jobs_without_a_submission_time_count_from_their_start():
+    las = Las(CONFIG.las, CONFIG.las_queues(), BY_SUBMISSION)
+    rank = las.rank(now=2 * HOUR)
+    early, late = running("early", started=0.0, attained=20 * HOUR), running("late", started=HOUR)
+    assert sorted([early, late], key=rank)[0].job_id == "early"  # higher level first
+    same = [running("s1", started=10.0, attained=20 * HOUR), running("s2", started=20.0, attained=20 * HOUR)]
+    assert [a.job_id for a in sorted(same, key=rank)] == ["s2", "s1"]
+
+
+def test_tuning_is_validated_and_named_settings_are_consistent():
+    with pytest.raises(ValueError, match="top_share"):
+        LasTuning(top_share=1.5)
+    assert LAS_SHARE_TUNING.top_share == 0.4 and LAS_SHARE_TUNING.victims == "latest-submitted"
+    assert LAS_SHARE_SETTINGS.thresholds_gpu_s == [HOUR, 10 * HOUR, 100 * HOUR]
+    assert LAS_SHARE_SETTINGS.starve_factor == 16

@@ -41,6 +41,7 @@ from orchestrator.policy import (
     scale,
     subtract,
 )
+from orchestrator.policy.las import LasTuning, service_rate
 from orchestrator.policy.room import View, shape_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -713,13 +714,15 @@ class SimJob:
     finished: float | None = None
     generation: int = 0
     starts: list[float] = field(default_factory=list)
+    served: float = 0.0  # LAS service of its finished attempts (`las.service_rate` x seconds)
 
     def pending_request(self) -> JobRequest:
         r = self.request
         est = {"exact": self.remaining, "none": None, "noisy": self.remaining * 1.7}[self.estimate]
         return JobRequest(
-            r.id, r.priority, r.workers, r.per_worker, r.submitted_at, r.preemptible, r.queue, est, r.sizes
-        )
+            r.id, r.priority, r.workers, r.per_worker, r.submitted_at, r.preemptible, r.queue, est, r.sizes,
+            attained_s=self.served,
+        )  # fmt: skip
 
 
 @st.composite
@@ -756,7 +759,8 @@ def simulate_cluster(nodes, jobs, policy, on_decision=None):
                 del run[job_id]
                 sim.finished, sim.generation = now, sim.generation + 1
             elif generation == sim.generation and kind == "stopped":
-                del run[job_id]
+                stopped = run.pop(job_id)
+                sim.served += (now - sim.started) * service_rate(stopped.per_worker, stopped.workers)
                 sim.remaining -= now - sim.started
                 sim.generation += 1
                 pending[job_id] = sim.pending_request()
@@ -785,6 +789,8 @@ def simulate_cluster(nodes, jobs, policy, on_decision=None):
                 request.queue,
                 est_end,
                 sizes=request.sizes,
+                attained_s=request.attained_s,
+                submitted_at=request.submitted_at,
             )
             sim.started, sim.generation = now, sim.generation + 1
             sim.first_start = now if sim.first_start is None else sim.first_start
@@ -1021,6 +1027,31 @@ def test_simulated_cluster_invariants_with_las_cohorts_and_moves(workload, queue
     sims = simulate_cluster(nodes, jobs, policy, note)
     for what in seen:
         event(f"a run with {what}")
+    assert all(sim.finished is not None for sim in sims.values())
+
+
+@given(
+    workloads() | crowded(),
+    queue_configs(),
+    st.sampled_from([0.25, 0.5, 1.0]),
+    st.sampled_from(["latest-submitted", "recently-started"]),
+)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_simulated_cluster_invariants_with_tuned_las(workload, queues, top_share, victims):
+    """The same invariants with the tuned LAS (`las.LasTuning`: victims in reverse queue order,
+    the top level's share of the cluster, protected and lifted oldest first): every job
+    finishes, and no pass livelocks."""
+    nodes, jobs = workload
+    policy = Policy(nodes, queues=queues, las_tuning=LasTuning(victims=victims, top_share=top_share))
+    policy.gpus = sum(node.capacity.get(ACCEL, 0.0) for node in nodes)  # the share counts accelerators here
+    lifted = []
+
+    def note(now, decision, pending, running_now):
+        if policy.las is not None and (policy.las.lifted or policy.las.protected):
+            lifted.append(True)
+
+    sims = simulate_cluster(nodes, jobs, policy, note)
+    event("the top share acted" if lifted else "the top share idle")
     assert all(sim.finished is not None for sim in sims.values())
 
 

@@ -25,12 +25,30 @@ Rules, all within one priority level (strict priority between levels stays):
   stop-and-restart overhead stays bounded). A queue's `las` order is its jobs' consent to
   this: they need not be `preemptible`, which governs preemption by higher priorities only.
   Across queues, sharing is the business of cohorts (`cohorts.py`), not of LAS.
+
+Tuning beyond the queue file's settings (`LasTuning`, off by default; `LAS_SHARE_SETTINGS`
+and `LAS_SHARE_TUNING`, the order `las-share`, meet issue 34's targets on every Philly VC,
+docs/scheduler.md):
+
+- Victims: `latest-submitted` takes, within the highest level, the job that is last in queue
+  order (latest first submission) instead of the most recently started one, so the victims
+  are those the order would start last, and the oldest jobs of a level keep running.
+- Top share: the jobs of the top level (the longest served) of a queue and priority are
+  entitled to `top_share` of the cluster's GPUs, oldest first (FIFO, as a level is). While
+  they hold it, the entitled running ones are not LAS victims, and an entitled waiting one
+  counts as promoted (level 0, holds its place). Without it, a burst of shorter jobs stops
+  every long job at once, and promotion then shares the cluster among all long jobs, so
+  none of them finishes (processor sharing is worst for the tail when the long jobs are
+  alike); FIFO inside a guaranteed share lets the oldest finish.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import total_ordering
+from typing import Literal
 
 from core.queues import LasSettings
 from orchestrator.policy.types import Allocation, JobRequest
@@ -55,16 +73,102 @@ def _served(allocation: Allocation, now: float) -> tuple[float, float]:
 
 Served = Mapping[str, tuple[float, float]]  # job id -> (attained service, service per second)
 
+VictimOrder = Literal["recently-started", "latest-submitted"]
+
+
+@dataclass(frozen=True)
+class LasTuning:
+    """LAS knobs that the queue file does not carry (yet): see the module docstring."""
+
+    victims: VictimOrder = "recently-started"
+    top_share: float = 0.0  # of the cluster's GPUs, for the top level's oldest jobs; 0: none
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.top_share <= 1.0:
+            raise ValueError(f"top_share must be within [0, 1], got {self.top_share}")
+
+
+# Issue 34: the order that meets every target on the ten Philly VCs (docs/scheduler.md)
+LAS_SHARE_SETTINGS = LasSettings(thresholds_gpu_s=[3600.0, 36000.0, 360000.0], starve_factor=16.0)
+LAS_SHARE_TUNING = LasTuning(victims="latest-submitted", top_share=0.4)
+
+
+@total_ordering
+class _Later:
+    """Sorts the later (submission time, id) first: victims in reverse queue order."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[float, str]) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Later) -> bool:
+        return self.key > other.key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Later) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+def _submitted(allocation: Allocation) -> float:
+    """When a running job was first submitted (its start where the caller does not say)."""
+    return allocation.started_at if allocation.submitted_at is None else allocation.submitted_at
+
 
 class Las:
     """LAS levels, order, victims and wake-up times for the `las` queues of one config."""
 
-    def __init__(self, settings: LasSettings, queues: Iterable[str]) -> None:
+    def __init__(self, settings: LasSettings, queues: Iterable[str], tuning: LasTuning | None = None) -> None:
         self.thresholds = list(settings.thresholds_gpu_s)
         self.starve_after_s = settings.starve_after_s
         self.starve_factor = settings.starve_factor
         self.min_run_s = settings.min_run_s
         self.queues = set(queues)
+        self.tuning = tuning or LasTuning()
+        # the top share's verdicts of the current pass (`begin_pass`; the policy runs one pass
+        # at a time), as job ids
+        self.protected: frozenset[str] = frozenset()  # running: not LAS victims
+        self.lifted: frozenset[str] = frozenset()  # waiting: promoted
+
+    def begin_pass(
+        self, pending: Iterable[JobRequest], running: Iterable[Allocation], capacity: float, served: Served
+    ) -> None:
+        """Which top-level jobs the top share protects or lifts in this pass (see the module
+        docstring). `capacity`: the cluster's GPUs (its service per second when all is held)."""
+        self.protected = self.lifted = frozenset()
+        if not self.tuning.top_share or capacity <= 0:
+            return
+        protected, lifted = set(), set()
+        for members in self._top_level(pending, running, served).values():
+            left = self.tuning.top_share * capacity
+            for _, job_id, rate, is_running in sorted(members):  # oldest first, as the level's order
+                if rate > left + 1e-9:
+                    break
+                left -= rate
+                (protected if is_running else lifted).add(job_id)
+        self.protected, self.lifted = frozenset(protected), frozenset(lifted)
+
+    def _top_level(
+        self, pending: Iterable[JobRequest], running: Iterable[Allocation], served: Served
+    ) -> dict[tuple[str, int], list[tuple[float, str, float, bool]]]:
+        """(queue, priority) -> its jobs at the top level: (first submission, id, service per
+        second, running), the running ones not stopping."""
+        top = len(self.thresholds)
+        groups: dict[tuple[str, int], list[tuple[float, str, float, bool]]] = {}
+        held = set()
+        for allocation in running:
+            held.add(allocation.job_id)
+            found = served.get(allocation.job_id)
+            if found is not None and not allocation.stopping and self.level(found[0]) >= top:
+                member = (_submitted(allocation), allocation.job_id, found[1], True)
+                groups.setdefault((allocation.queue, allocation.priority), []).append(member)
+        for job in pending:  # (a running job the service still lists as pending counts once)
+            if job.queue in self.queues and job.id not in held and self.level(job.attained_s) >= top:
+                member = (job.submitted_at, job.id, service_rate(job.per_worker, job.workers), False)
+                groups.setdefault((job.queue, job.priority), []).append(member)
+        return groups
 
     def level(self, service: float) -> int:
         return bisect_right(self.thresholds, service)
@@ -86,7 +190,7 @@ class Las:
         return since + max(self.starve_after_s, self.starve_factor * run_s)
 
     def promoted(self, job: JobRequest, now: float) -> bool:
-        return now >= self.promoted_at(job)
+        return job.id in self.lifted or now >= self.promoted_at(job)
 
     def pending_level(self, job: JobRequest, now: float) -> int:
         if job.queue not in self.queues or self.promoted(job, now):
@@ -96,9 +200,10 @@ class Las:
     def pending_levels(self, pending: Iterable[JobRequest], now: float) -> dict[str, int]:
         """`pending_level` of every job of a pass, once (the hot path: inlined, same result)."""
         queues, thresholds, starve_before = self.queues, self.thresholds, now - self.starve_after_s
+        lifted = self.lifted
         levels = {}
         for job in pending:
-            if job.queue not in queues:
+            if job.queue not in queues or job.id in lifted:
                 levels[job.id] = 0
                 continue
             since = job.submitted_at if job.queued_since is None else job.queued_since
@@ -161,6 +266,7 @@ class Las:
         if head.queue not in self.queues:
             return None
         head_level = self.pending_level(head, now)
+        protected = self.protected
 
         def may_preempt(allocation: Allocation) -> bool:
             return (
@@ -168,17 +274,22 @@ class Las:
                 and allocation.priority == head.priority
                 and not allocation.stopping
                 and now - allocation.started_at >= self.min_run_s
+                and allocation.job_id not in protected
                 and self.level(self._service(allocation, now, served)[0]) > head_level
             )
 
         return may_preempt
 
     def rank(self, now: float, served: Served | None = None):
-        """Victim order: the highest level first, then the most recently started."""
+        """Victim order: the highest level first, then the most recently started (or, tuned
+        `latest-submitted`, the last in queue order)."""
         served = served or {}
+        by_submission = self.tuning.victims == "latest-submitted"
 
-        def victim_rank(allocation: Allocation) -> tuple[int, float, str]:
+        def victim_rank(allocation: Allocation) -> tuple:
             level = self.level(self._service(allocation, now, served)[0])
+            if by_submission:
+                return (-level, _Later((_submitted(allocation), allocation.job_id)))
             return (-level, -allocation.started_at, allocation.job_id)
 
         return victim_rank

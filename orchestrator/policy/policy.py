@@ -57,7 +57,7 @@ from orchestrator.policy.admission import (
 from orchestrator.policy.cohorts import CohortBook, CohortLayout, Verdict
 from orchestrator.policy.defrag import DEFAULT_MIN_RUN_S
 from orchestrator.policy.elastic import Resizes
-from orchestrator.policy.las import Las
+from orchestrator.policy.las import Las, LasTuning
 from orchestrator.policy.preemption import choose_shrinks
 from orchestrator.policy.queue import QuotaBook, order_pending, quota_reason
 from orchestrator.policy.room import Shape, Spare, View, at_sizes, headroom, released, shadow, shape_of
@@ -103,6 +103,9 @@ class Policy:
     order `las` (least attained service, `las.py`) and cohorts with borrowing and reclaim
     (`cohorts.py`); a queue in no cohort with a nominal quota is a hard cap, like `quotas`.
     Without it (or for queues it does not name) the policy is as described above.
+
+    `las_tuning`: LAS knobs the queue file does not carry (`las.LasTuning`, e.g.
+    `las.LAS_SHARE_TUNING`); None: plain LAS.
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class Policy:
         grow_after_s: float = DEFAULT_GROW_AFTER_S,
         queues: QueueConfig | None = None,
         move_after_s: float = DEFAULT_MIN_RUN_S,
+        las_tuning: LasTuning | None = None,
     ) -> None:
         if backfill_window < 0:
             raise ValueError(f"backfill_window must be >= 0, got {backfill_window}")
@@ -129,7 +133,7 @@ class Policy:
             if both:
                 raise ValueError(f"queue(s) {', '.join(both)} have both a quota and a queue config entry")
             self.quotas.update(queues.hard_caps())
-            self.las = Las(queues.las, queues.las_queues()) if queues.las_queues() else None
+            self.las = Las(queues.las, queues.las_queues(), las_tuning) if queues.las_queues() else None
             self.cohorts = any(queue.cohort is not None for queue in queues.queues.values())
             self.cohort_layout = CohortLayout(queues)
         self.backfill = backfill
@@ -147,6 +151,7 @@ class Policy:
         refused, and waits at the head of the queue while the autoscaler adds nodes."""
         self.nodes = list(nodes)
         self.possible = self.nodes if possible is None else list(possible)
+        self.gpus = sum(node.capacity.get("GPU", 0.0) for node in self.nodes)  # for LAS' top share
         # shape -> why it cannot fit the largest cluster (None: it can); a pure function of nodes
         self._oversize: dict[Shape, str | None] = {}
 
@@ -178,9 +183,12 @@ class Policy:
         # jobs of cohort queues below their nominal quota go first within their priority
         # (Kueue: no borrowing ahead of a lender), so the backfill window reaches them
         first = cohorts.lenders() if cohorts is not None else set()
-        served = self.las.served(running, now) if self.las is not None else {}
-        levels = self.las.pending_levels(pending, now) if self.las is not None else {}
+        served: dict[str, tuple[float, float]] = {}
+        levels: dict[str, int] = {}
         if self.las is not None:
+            served = self.las.served(running, now)
+            self.las.begin_pass(pending, running, self.gpus, served)  # before levels: it lifts some
+            levels = self.las.pending_levels(pending, now)
             ordered = self.las.order(pending, running, now, first, served, levels)
         else:
             ordered = order_pending(pending)
@@ -335,6 +343,7 @@ class _Pass(Victims, Resizes):
                 sizes=job.sizes,
                 user=job.user,
                 attained_s=job.attained_s,
+                submitted_at=job.submitted_at,
             )
         )
 

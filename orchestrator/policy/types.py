@@ -121,6 +121,8 @@ class Allocation:
     this attempt's part from `started_at`). `avoid_nodes` as in `JobRequest`: where it may not
     go when it starts again (after a resize). `starting`: admitted, its workers not training
     yet; such a job is neither grown nor moved (it has not run at its size, where it is).
+    `submitted_at`: its first submission, as in `JobRequest` (None: unknown; LAS then takes
+    `started_at`, where a tuned order needs it: `las.LasTuning`).
     """
 
     job_id: str
@@ -137,6 +139,7 @@ class Allocation:
     attained_s: float = 0.0
     avoid_nodes: frozenset[str] = frozenset()
     starting: bool = False
+    submitted_at: float | None = None
 
     def __post_init__(self) -> None:
         self.avoid_nodes = frozenset(self.avoid_nodes)
