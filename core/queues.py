@@ -17,6 +17,11 @@ mean for scheduling is in docs/scheduler.md ("Queues, LAS and fair share"). No t
 `teams` says which teams' members may submit to a queue (`orchestrator/policy/permissions.py`);
 a queue without it, or one the file does not list, takes every team (so files from before
 teams keep working), and admins submit anywhere.
+
+A queue's `order` is `fifo` (the default), `las` or `las-share` (LAS tuned by issue 34: its
+own `las:` defaults, `LAS_SHARE_DEFAULTS`, filled in here where the file leaves them out, and
+`policy.las.LAS_SHARE_TUNING`). One `las:` block serves every LAS queue, so one file does not
+mix `las` and `las-share` queues.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ Amount = Annotated[float, Field(ge=0)]
 MAX_QUEUES = 1000
 MAX_TEAMS = 1000  # of one queue
 DEFAULT_THRESHOLDS_GPU_S = (3600.0, 36000.0)  # 1 and 10 GPU-hours: three LAS levels
+# order `las-share`'s `las:` values where the file leaves them out (issue 34: four levels,
+# promotion at 16x the run so far; docs/scheduler.md). Its tuning is `policy.las.LAS_SHARE_TUNING`.
+LAS_SHARE_DEFAULTS = {"thresholds_gpu_s": (3600.0, 36000.0, 360000.0), "starve_factor": 16.0}
+LAS_ORDERS = ("las", "las-share")  # one `las:` block and one LAS serve them, so a file uses one
 
 
 class LasSettings(Section):
@@ -54,7 +63,7 @@ class QueueSettings(Section):
     cohort: str | None = None
     nominal: dict[str, Amount] = Field(default_factory=dict)
     borrowing_limit: dict[str, Amount] | None = None  # None: up to the whole cohort's unused quota
-    order: Literal["fifo", "las"] = "fifo"
+    order: Literal["fifo", "las", "las-share"] = "fifo"
     teams: list[str] | None = Field(None, max_length=MAX_TEAMS)  # None: every team may submit
 
 
@@ -77,7 +86,11 @@ class QueueConfig(Section):
         return frozenset(settings.teams)
 
     def las_queues(self) -> set[str]:
-        return {name for name, queue in self.queues.items() if queue.order == "las"}
+        return {name for name, queue in self.queues.items() if queue.order in LAS_ORDERS}
+
+    def las_share(self) -> bool:
+        """Whether the LAS queues are `las-share` ones (validation keeps a file to one LAS order)."""
+        return any(queue.order == "las-share" for queue in self.queues.values())
 
     def hard_caps(self) -> dict[str, dict[str, float]]:
         """Nominal quotas of the queues in no cohort: caps that nothing borrows or lends."""
@@ -92,6 +105,7 @@ def validate_queue_config(raw: Any, source: str = "queue config") -> QueueConfig
         config = QueueConfig.model_validate(raw)
     except ValidationError as err:
         raise SpecError(format_errors(err, raw, root=QueueConfig), source) from None
+    config = _with_order_defaults(config)
     problems = _reference_problems(config)
     if problems:
         raise SpecError(problems, source)
@@ -101,6 +115,16 @@ def validate_queue_config(raw: Any, source: str = "queue config") -> QueueConfig
 def load_queue_config(path: str | Path) -> QueueConfig:
     """Read and validate a queue config file (bounded YAML reading, as for job specs)."""
     return validate_queue_config(read_yaml(path), str(path))
+
+
+def _with_order_defaults(config: QueueConfig) -> QueueConfig:
+    """`las-share`'s `las:` values where the file does not set them, written into the config:
+    the service stores it as a full dump and validates that again, so they must not be implied."""
+    if not config.las_share():
+        return config
+    given = config.las.model_dump(include=config.las.model_fields_set)
+    las = LasSettings.model_validate({**LAS_SHARE_DEFAULTS, **given})
+    return config.model_copy(update={"las": las})
 
 
 def _reference_problems(config: QueueConfig) -> list[str]:
@@ -133,10 +157,24 @@ def _reference_problems(config: QueueConfig) -> list[str]:
         if queue.cohort is not None and not queue.nominal:
             problems.append(f"{where}.nominal: a queue in a cohort needs a nominal quota (0 is allowed)")
         problems += _team_problems(f"{where}.teams", queue.teams)
+    problems += _order_problems(config)
     thresholds = config.las.thresholds_gpu_s
     if any(a >= b for a, b in zip(thresholds, thresholds[1:])):
         problems.append(f"las.thresholds_gpu_s: must be ascending without repeats (got {thresholds})")
     return problems
+
+
+def _order_problems(config: QueueConfig) -> list[str]:
+    """One LAS serves every LAS queue of a file, with one tuning: `las` and `las-share` don't mix."""
+    first = {}  # order -> its first queue
+    for name, queue in sorted(config.queues.items()):
+        first.setdefault(queue.order, name)
+    if not all(order in first for order in LAS_ORDERS):
+        return []
+    return [
+        f"queues.{first['las-share']}.order: las-share cannot be mixed with las in one file"
+        f" (queue {short(first['las'])} is las); give every LAS queue the same order"
+    ]
 
 
 def _team_problems(where: str, teams: list[str] | None) -> list[str]:

@@ -134,8 +134,8 @@ def test_a_bad_queue_file_is_refused_with_one_line_and_changes_nothing(service, 
     bad = queues("queues:\n  lab: {order: lass}\n", name="bad.yaml")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.splitlines() == [
-        f"error: {bad.args[-1]}: queues.lab.order: 'lass' is not allowed; expected 'fifo' or 'las';"
-        " did you mean 'las'?"
+        f"error: {bad.args[-1]}: queues.lab.order: 'lass' is not allowed;"
+        " expected 'fifo', 'las' or 'las-share'; did you mean 'las'?"
     ]
     assert show(service) == before
     assert json.loads((service.store / "queues.json").read_text()) == stored

@@ -41,6 +41,7 @@ def test_every_attempt_end_adds_its_gpu_seconds_and_the_policy_sees_them(life):
     life.admit(job, {"a": 1, "b": 1}, now=t0 + 10.0)  # 2 workers x 1 GPU
     running = allocation(job)
     assert (running.user, running.attained_s, running.started_at) == ("ada", 0.0, t0 + 10.0)
+    assert running.submitted_at == t0  # las-share's victim order and top share go by it
     life.mark_running(job, attempt=1)
     life.request_stop(job, "preempt", now=t0 + 50.0)
     assert job.attained_s == 0.0  # stopping still holds its GPUs: the attempt goes on

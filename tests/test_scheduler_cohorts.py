@@ -137,7 +137,7 @@ def test_a_queue_without_cohort_is_a_hard_cap_like_quotas():
         ({"queus": {}}, "queus: unknown field; did you mean 'queues'?"),
         (
             {"queues": {"q": {"order": "lifo"}}},
-            "queues.q.order: 'lifo' is not allowed; expected 'fifo' or 'las'",
+            "queues.q.order: 'lifo' is not allowed; expected 'fifo', 'las' or 'las-share'",
         ),
         (
             {"cohorts": ["research"], "queues": {"q": {"cohort": "reserch", "nominal": {"GPU": 1}}}},
@@ -148,6 +148,10 @@ def test_a_queue_without_cohort_is_a_hard_cap_like_quotas():
             "queues.q.borrowing_limit: only",
         ),
         ({"queues": {"Team A": {}}}, "queues: 'Team A' is not a valid queue name"),
+        (
+            {"queues": {"a": {"order": "las-share"}, "b": {"order": "las"}}},
+            "queues.a.order: las-share cannot be mixed with las in one file (queue 'b' is las)",
+        ),
         ({"las": {"thresholds_gpu_s": [10, 5]}}, "las.thresholds_gpu_s: must be ascending"),
         ({"las": {"min_run_s": -1}}, "las.min_run_s: -1 is out of range; allowed: >= 0"),
         (
@@ -182,6 +186,23 @@ def test_teams_say_who_may_submit_and_a_file_without_them_admits_every_team(tmp_
     before = tmp_path / "before.yaml"  # a file from before teams
     before.write_text("queues:\n  batch: {nominal: {GPU: 4}}\n")
     assert load_queue_config(before).teams_of("batch") is None
+
+
+def test_order_las_share_validates_with_its_own_las_defaults_where_the_file_sets_none():
+    share = validate_queue_config(
+        {"queues": {"a": {"order": "las-share"}, "b": {}}, "las": {"min_run_s": 60}}
+    )
+    assert share.las_queues() == {"a"} and share.las_share()
+    las = share.las  # las-share's thresholds and starve factor, the file's minimum run
+    assert (las.thresholds_gpu_s, las.starve_factor, las.min_run_s) == ([3600, 36000, 360000], 16, 60)
+    assert validate_queue_config(share.model_dump(mode="json")) == share  # as the service stores it
+    chosen = validate_queue_config({"queues": {"a": {"order": "las-share"}}, "las": {"starve_factor": 2}})
+    assert chosen.las.starve_factor == 2  # what the file sets stays
+    plain = validate_queue_config({"queues": {"a": {"order": "las"}}})
+    assert not plain.las_share() and (plain.las.thresholds_gpu_s, plain.las.starve_factor) == (
+        [3600, 36000],
+        4,
+    )
 
 
 def test_load_queue_config_reads_a_file(tmp_path):

@@ -1,6 +1,7 @@
 """Least attained service (orchestrator/policy/las.py) through `Policy(queues=...)`: order,
 demotion, promotion of starving jobs, minimum run time, the default left unchanged, and the
-tuned order `las-share` (victims in reverse queue order, the top level's share)."""
+tuned order `las-share` (victims in reverse queue order, the top level's share), also as the
+queue file's `order: las-share`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from core.queues import validate_queue_config
 from orchestrator.policy import Allocation, JobRequest, Node, Policy
-from orchestrator.policy.las import LAS_SHARE_SETTINGS, LAS_SHARE_TUNING, Las, LasTuning, attained
+from orchestrator.policy.las import LAS_SHARE_SETTINGS, LAS_SHARE_TUNING, Las, LasTuning, attained, las_of
 
 HOUR = 3600.0
 CONFIG = validate_queue_config(
@@ -203,3 +204,26 @@ def test_tuning_is_validated_and_named_settings_are_consistent():
     assert LAS_SHARE_TUNING.top_share == 0.4 and LAS_SHARE_TUNING.victims == "latest-submitted"
     assert LAS_SHARE_SETTINGS.thresholds_gpu_s == [HOUR, 10 * HOUR, 100 * HOUR]
     assert LAS_SHARE_SETTINGS.starve_factor == 16
+
+
+# -- `order: las-share` in the queue file: the same tuning and `las:` values, nothing passed in
+SHARE = validate_queue_config({"queues": {"lq": {"order": "las-share"}, "fq": {"order": "fifo"}}})
+
+
+def test_a_las_share_queue_gets_the_tuning_and_its_settings_and_las_queues_do_not():
+    las = las_of(SHARE)
+    assert las.tuning == LAS_SHARE_TUNING and las.queues == {"lq"}
+    assert las.thresholds == LAS_SHARE_SETTINGS.thresholds_gpu_s and las.starve_factor == 16
+    assert las_of(CONFIG).tuning == LasTuning()  # `las` stays plain
+    assert las_of(SHARE, BY_SUBMISSION).tuning == BY_SUBMISSION  # an explicit tuning wins
+    assert las_of(validate_queue_config({"queues": {"fq": {}}})) is None
+
+
+def test_a_las_share_queue_takes_the_latest_submitted_and_keeps_the_oldest_long_job():
+    policy = Policy(nodes(1, 4.0), queues=SHARE)  # top share: 1.6 of 4 GPUs, one 1-GPU job
+    held = [running(f"long{i}", started=0.0, attained=200 * HOUR, submitted=float(i)) for i in range(4)]
+    assert policy.schedule(HOUR, [job("a", submitted=HOUR)], held).preempt == ["long3"]
+    whole = policy.schedule(HOUR, [job("b", gpus=4, submitted=HOUR)], held)
+    assert whole.preempt == [] and whole.head == "b"  # long0 holds the share
+    plain = Policy(nodes(1, 4.0), queues=CONFIG).schedule(HOUR, [job("b", gpus=4, submitted=HOUR)], held)
+    assert sorted(plain.preempt) == ["long0", "long1", "long2", "long3"]

@@ -1,4 +1,4 @@
-"""Discretized least attained service (Tiresias' 2D-LAS) for queues with order `las`.
+"""Discretized least attained service (Tiresias' 2D-LAS) for queues with order `las` (or `las-share`).
 
 Without runtimes, the best guess of which job ends first is the one that has run least:
 DL training times are heavy-tailed, so a job that has received little service is likely
@@ -28,7 +28,7 @@ Rules, all within one priority level (strict priority between levels stays):
 
 Tuning beyond the queue file's settings (`LasTuning`, off by default; `LAS_SHARE_SETTINGS`
 and `LAS_SHARE_TUNING`, the order `las-share`, meet issue 34's targets on every Philly VC,
-docs/scheduler.md):
+docs/scheduler.md; a queue file chooses them with `order: las-share`, `las_of`):
 
 - Victims: `latest-submitted` takes, within the highest level, the job that is last in queue
   order (latest first submission) instead of the most recently started one, so the victims
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from functools import total_ordering
 from typing import Literal
 
-from core.queues import LasSettings
+from core.queues import LAS_SHARE_DEFAULTS, LasSettings, QueueConfig
 from orchestrator.policy.types import Allocation, JobRequest
 
 
@@ -89,8 +89,20 @@ class LasTuning:
 
 
 # Issue 34: the order that meets every target on the ten Philly VCs (docs/scheduler.md)
-LAS_SHARE_SETTINGS = LasSettings(thresholds_gpu_s=[3600.0, 36000.0, 360000.0], starve_factor=16.0)
+# (its `las:` values live in core/queues.py: the queue file fills them in for `order: las-share`)
+LAS_SHARE_SETTINGS = LasSettings(**LAS_SHARE_DEFAULTS)
 LAS_SHARE_TUNING = LasTuning(victims="latest-submitted", top_share=0.4)
+
+
+def las_of(config: QueueConfig, tuning: LasTuning | None = None) -> Las | None:
+    """The LAS of a queue config's LAS queues (None: it has none), tuned as `las-share` when its
+    queues are; an explicit `tuning` wins (the benchmarks try tunings the file cannot name)."""
+    queues = config.las_queues()
+    if not queues:
+        return None
+    if tuning is None and config.las_share():
+        tuning = LAS_SHARE_TUNING
+    return Las(config.las, queues, tuning)
 
 
 @total_ordering

@@ -57,7 +57,7 @@ from orchestrator.policy.admission import (
 from orchestrator.policy.cohorts import CohortBook, CohortLayout, Verdict
 from orchestrator.policy.defrag import DEFAULT_MIN_RUN_S
 from orchestrator.policy.elastic import Resizes
-from orchestrator.policy.las import Las, LasTuning
+from orchestrator.policy.las import Las, LasTuning, las_of
 from orchestrator.policy.preemption import choose_shrinks
 from orchestrator.policy.queue import QuotaBook, order_pending, quota_reason
 from orchestrator.policy.room import Shape, Spare, View, at_sizes, headroom, released, shadow, shape_of
@@ -104,8 +104,8 @@ class Policy:
     (`cohorts.py`); a queue in no cohort with a nominal quota is a hard cap, like `quotas`.
     Without it (or for queues it does not name) the policy is as described above.
 
-    `las_tuning`: LAS knobs the queue file does not carry (`las.LasTuning`, e.g.
-    `las.LAS_SHARE_TUNING`); None: plain LAS.
+    `las_tuning`: LAS knobs the queue file does not carry (`las.LasTuning`); None: those of
+    the file's LAS order (`las.LAS_SHARE_TUNING` for `las-share`, else plain LAS).
     """
 
     def __init__(
@@ -133,7 +133,7 @@ class Policy:
             if both:
                 raise ValueError(f"queue(s) {', '.join(both)} have both a quota and a queue config entry")
             self.quotas.update(queues.hard_caps())
-            self.las = Las(queues.las, queues.las_queues(), las_tuning) if queues.las_queues() else None
+            self.las = las_of(queues, las_tuning)
             self.cohorts = any(queue.cohort is not None for queue in queues.queues.values())
             self.cohort_layout = CohortLayout(queues)
         self.backfill = backfill

@@ -326,6 +326,7 @@ def allocation(job: JobRecord) -> Allocation:
         attained_s=job.attained_s,
         avoid_nodes=frozenset(job.avoid_nodes),
         starting=job.state is JobState.ADMITTED,
+        submitted_at=job.submitted_at,
     )
 
 
