@@ -15,7 +15,7 @@ fi
 # MLflow's tracking server, for the tests of `tracking.mlflow`: a service of its own in a
 # virtualenv of its own (the server pins a pyarrow older than the project's)
 MLFLOW_VERSION=3.17.2
-if [ ! -x .venv/mlflow-server/bin/mlflow ] || ! .venv/mlflow-server/bin/mlflow --version 2>/dev/null | grep -q "$MLFLOW_VERSION"; then
+if ! .venv/mlflow-server/bin/python -m mlflow --version 2>/dev/null | grep -q "$MLFLOW_VERSION"; then
   python3 -m venv .venv/mlflow-server
   .venv/mlflow-server/bin/python -m pip install -q "mlflow==${MLFLOW_VERSION}"
 fi

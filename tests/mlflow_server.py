@@ -18,7 +18,9 @@ from pathlib import Path
 from tests.ray_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
-MLFLOW = ROOT / ".venv/mlflow-server/bin/mlflow"
+# run as `python -m mlflow`: the venv's scripts name the path it was made at in their first line,
+# and a checkout elsewhere (a git worktree sharing .venv) would find them broken
+MLFLOW_PYTHON = ROOT / ".venv/mlflow-server/bin/python"
 
 
 @dataclass
@@ -32,11 +34,11 @@ class MlflowServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 120) -> MlflowServer:
-        assert MLFLOW.exists(), f"{MLFLOW} is missing: scripts/test.sh installs it"
+        assert MLFLOW_PYTHON.exists(), f"{MLFLOW_PYTHON} is missing: scripts/test.sh installs it"
         self.directory.mkdir(parents=True, exist_ok=True)
         command = [
-            str(MLFLOW),
-            "server",
+            str(MLFLOW_PYTHON),
+            *("-m", "mlflow", "server"),
             f"--backend-store-uri=sqlite:///{self.directory / 'mlflow.db'}",
             f"--artifacts-destination={self.directory / 'artifacts'}",
             "--host=127.0.0.1",

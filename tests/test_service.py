@@ -174,6 +174,12 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
 START_UP_STOP_S = 15  # a quarter of the default grace period (scheduling.preemption_grace_s)
 
 
+def controller_alive(service, name: str) -> bool:
+    """Whether Ray's actor table has an attempt controller `name` that is not dead."""
+    actors = list_actors(service.head.dashboard, service.head.env, "AttemptController")
+    return any(a["name"] == name and a["state"] != "DEAD" for a in actors)
+
+
 @pytest.mark.timeout(400)
 def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
     """Before the first step there is nothing to checkpoint: the start is cancelled (Ray Train's
@@ -189,6 +195,11 @@ def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
     # The bound leaves room for a loaded 2-core runner (5.4 s seen on CI)
     assert stop_s < START_UP_STOP_S, f"a stop during start-up took {stop_s:.1f} s"
     assert job["steps_lost"] == 0 and job["step"] == 0
+    # the start's one process of ours ended with it, and the workers it owned with it
+    deadline = time.time() + START_UP_STOP_S
+    while controller_alive(service, f"{stopped}-a1"):
+        assert time.time() < deadline, "the stopped start's attempt controller is still there"
+        time.sleep(0.5)
 
     preempted = service.submit(name="preempted-early", steps=20)
     service.wait(preempted, lambda j: j["state"] == "admitted", what="admitted")

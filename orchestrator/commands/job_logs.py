@@ -20,6 +20,11 @@ from orchestrator.commands.options import with_cluster_errors
 
 CONTROLLER = "AttemptController"  # the class of the attempt controllers, in Ray's actor table
 POLL_S = 2.0
+RAY_MARKERS = (":job_id:", ":actor_name:", ":task_name:")  # Ray's own lines in a worker's log
+
+
+class LogMissing(Exception):
+    """The log cannot be read (yet): its process has not started, or its node is gone."""
 
 
 @dataclass
@@ -69,7 +74,7 @@ def never_ran(job: dict) -> str:
 def sources_of(args, client, known: dict) -> list[LogSource]:
     """What ran the job, oldest first: the Ray Job it came in by, then its attempts."""
     sources = []
-    came_by = known.get("submission_id") if known.get("launched_by") == "driver" else None
+    came_by = known.get("came_in_by")
     for ray_job in client.list_jobs():
         if came_by and ray_job.submission_id == came_by:
             sources.append(ray_job_source(client, ray_job))
@@ -124,6 +129,7 @@ def controller_sources(dashboard: str, job_id: str) -> list[LogSource]:
 def actor_log(dashboard: str, actor_id: str) -> str:
     """An actor's whole stdout, read by the dashboard from its node: Ray's state API over HTTP,
     with this machine's Ray token (`ray.util.state.get_log` takes only a cluster address)."""
+    import urllib.error
     import urllib.parse
     import urllib.request
 
@@ -134,8 +140,12 @@ def actor_log(dashboard: str, actor_id: str) -> str:
     token = read_token()
     if token:
         request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        return reply.read().decode(errors="replace")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            text = reply.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:  # no worker yet, or its node is gone
+        raise LogMissing(f"Ray's dashboard answered {err.code}") from None
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith(RAY_MARKERS))
 
 
 def queued_job_logs(args, client, known: dict) -> int:
@@ -151,7 +161,7 @@ def queued_job_logs(args, client, known: dict) -> int:
                 last = follow_source(source, client)
                 waiting_said = False
             else:
-                sys.stdout.write(source.read())
+                sys.stdout.write(readable(source))
                 last = 0 if source.succeeded else 1
         if not args.follow:
             return 0
@@ -169,6 +179,13 @@ def queued_job_logs(args, client, known: dict) -> int:
         time.sleep(POLL_S)
 
 
+def readable(source: LogSource) -> str:
+    try:
+        return source.read()
+    except LogMissing as err:
+        return f"(its log cannot be read: {err})\n"
+
+
 def follow_source(source: LogSource, client) -> int:
     """Print `source`'s log as it grows, until it ends; 0 if it succeeded, else 1."""
     if source.kind == "ray job":
@@ -180,10 +197,14 @@ def follow_source(source: LogSource, client) -> int:
         # asked before the read: the last read comes after the controller ended
         named = list_actors(address=client.get_address(), filters=[("name", "=", source.name)])
         ended = all(a.state == "DEAD" for a in named)
-        text = source.read()
-        sys.stdout.write(text[printed:])
-        sys.stdout.flush()
-        printed = len(text)
+        try:
+            text = source.read()
+        except LogMissing:  # not started yet: its log comes with its process
+            text = readable(source) if ended else ""
+        if len(text) > printed:
+            sys.stdout.write(text[printed:])
+            sys.stdout.flush()
+            printed = len(text)
         if ended:
             return 0
         time.sleep(POLL_S)

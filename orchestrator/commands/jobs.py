@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import sys
 
+from orchestrator.client import is_attempt_of
 from orchestrator.commands.job_logs import handle_logs
 from orchestrator.commands.jobs_api import call as _call
 from orchestrator.commands.jobs_api import ray_job_ended
@@ -105,10 +106,10 @@ def print_queued_job(job: dict) -> None:
         print(f"  checkpoint: {job['last_checkpoint']}")
     if job.get("submission"):
         runs = job["submission"]
-        # a driver the service started waits through a preemption: one may run several attempts
-        since = runs.removeprefix(f"{job['id']}-a") if runs.startswith(f"{job['id']}-a") else None
-        shared = f", its driver since attempt {since}" if since and since != str(job["attempt"]) else ""
-        print(f"  Ray Job:    {runs} (attempt {job['attempt']}{shared})")
+        if is_attempt_of(runs, job["id"]):  # the attempt's controller, an actor on its node
+            print(f"  controller: {runs} (attempt {job['attempt']}; `orchestrator logs {job['id']}`)")
+        else:  # the driver it came in by (`ray job submit`), which runs every attempt
+            print(f"  Ray Job:    {runs} (attempt {job['attempt']})")
     waited, eta = duration_text(job.get("waited_s")), duration_text(job.get("remaining_s"))
     print(f"  waited:     {waited} in the queue   ETA: {eta}")
     if job.get("ledger"):

@@ -49,7 +49,7 @@ class Views:
         view["waited_s"] = job.waited(time.time())
         res = job.spec.resources
         view["elastic"] = [res.min_workers, res.max_workers] if res.elastic else None
-        # the Ray Job that runs it: a driver that waits through a preemption runs later attempts too
+        # what runs it: its attempt's controller, or the Ray Job it came in by (every attempt)
         view["submission"] = job.submission_id or (attempt_name(job.id, job.attempt) if job.attempt else None)
         return view
 
