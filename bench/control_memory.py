@@ -10,10 +10,10 @@ steps enough to outlast the benchmark) are submitted until 1, then 4, then 8 run
 level, once every job has reported its first step and `--settle` seconds passed, the
 proportional memory (PSS, from /proc) of every process of each node is summed: a node's
 processes are the descendants of its `ray start` (its raylet starts every worker process, and
-a Ray Job's supervisor starts the job's driver). Printed per level: each node's PSS, and the
-processes by kind (the driver, Ray Jobs' supervisor, Ray Train's actors, the workers), with the
-head's slope per running job from a least-squares fit. Ground truth from `ps`, not from the
-service's report of itself.
+a Ray Job's supervisor its driver, if any). Printed per level: each node's PSS, and the
+processes by kind (the attempts' controllers, Ray Train's actors, the workers, a driver or a
+Ray Jobs supervisor if one ran), with the head's slope per running job from a least-squares
+fit. Ground truth from `ps`, not from the service's report of itself.
 """
 
 from __future__ import annotations

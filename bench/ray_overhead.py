@@ -18,9 +18,8 @@ Ray run on it, so the first-step time is that of a machine where a cluster is al
 `--service` (implies `--cluster`) also starts the orchestrator service there (`orchestrator
 up`) and adds a third side, `orchestrator submit --wait`: the main way jobs run. For it the
 start-up is split by the job's own record (its history's times) into: the submit command until
-the job is queued, queued until admitted, admitted until its Ray Job started, and from there
-(its driver, Ray Train's controller and worker processes, the process group, data and model)
-until the first step ended.
+the job is queued, queued until admitted, and from the admission (its attempt controller, Ray
+Train's worker processes, the process group, data and model) until the first step ended.
 """
 
 from __future__ import annotations
@@ -110,19 +109,15 @@ def one_run(side: str, args, overrides: list[str]) -> dict:
 
 
 def service_phases(args, job_id: str, started: float, first_step_end: float) -> dict:
-    """Where a queued job's start-up went: the job's record (the service's clock) and its Ray
-    Job (Ray's: when the job's supervisor, which then starts its driver, began)."""
-    from ray.job_submission import JobSubmissionClient
-
+    """Where a queued job's start-up went, by the job's record (the service's clock): from its
+    admission on, its attempt controller, Ray Train's worker processes, the process group,
+    data and model, until the first step ended."""
     record = json.loads((args.store / "jobs" / f"{job_id}.json").read_text())
     at = {event["event"]: event["time"] for event in reversed(record["history"])}  # first of each
-    ray_job = JobSubmissionClient(args.dashboard).get_job_info(record["submission_id"])
-    ray_job_started = ray_job.start_time / 1000
     return {
         "submit_command_to_queued": at["queued"] - started,
         "queued_to_admitted": at["admitted"] - at["queued"],
-        "admitted_to_ray_job_started": ray_job_started - at["admitted"],
-        "ray_job_started_to_first_step": first_step_end - ray_job_started,
+        "admitted_to_first_step": first_step_end - at["admitted"],
     }
 
 

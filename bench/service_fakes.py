@@ -12,9 +12,9 @@ import itertools
 import math
 import random
 
+from orchestrator.client import attempt_name
 from orchestrator.ray.node_health import HealthChecks
 from orchestrator.service.cluster_access import ClusterAccess
-from orchestrator.service.runner import submission_id
 
 GPUS_PER_NODE = 8
 SIZES = (4, 2, 1, 1)  # workers of the running jobs, in turn: four jobs fill one 8-GPU node
@@ -29,15 +29,15 @@ class FakeRunner:
     def __init__(self):
         self.status: dict[str, str] = {}
 
-    def launch(self, job_id: str, attempt: int, package_uri: str, metadata: dict, placement: dict) -> str:
-        sid = submission_id(job_id, attempt)
+    def launch(self, job_id: str, attempt: int, package_uri: str, placement: dict) -> str:
+        sid = attempt_name(job_id, attempt)
         self.status[sid] = "RUNNING"
         return sid
 
     def stop(self, sid: str) -> None:
         self.status[sid] = "STOPPED"
 
-    def statuses(self) -> dict[str, str]:
+    def statuses(self, ray_jobs: bool = False) -> dict[str, str]:
         return dict(self.status)
 
 

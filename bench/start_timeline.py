@@ -10,10 +10,9 @@ waited for. For every job the stages are read from what each party recorded, not
 service's account of itself:
 
 - the job's record in the store: queued, admitted, running, succeeded;
-- Ray's job table: when the attempt's Ray Job started and ended;
-- Ray's actor table (class, pid, node) joined with each actor's own core-worker log on its
-  node: when its process came up and when its constructor returned;
-- the driver's core-driver log: when it joined the cluster (`ray.init`);
+- Ray's actor table (class, name, pid, start and end) joined with each actor's own core-worker
+  log on its node: when the attempt's controller and the run's workers came up, when their
+  constructors returned, and when the controller ended;
 - the run's metrics log: when its first and last steps ended (each record's wall clock).
 
 Printed: each stage's start relative to the admission, per job, and the median over jobs.
@@ -36,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "start_timeline.json"
 NODES = {"node-1": (2, 1), "node-2": (2, 1)}  # name -> (CPUs, slots), beside the head's (4, 1)
-ACTORS = ("RunState", "TrainController", "RayTrainWorker")  # ours, then Ray Train's
+CONTROLLER, WORKER = "AttemptController", "RayTrainWorker"  # ours (one per attempt), then Ray Train's
 LOG_TIME = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 
 
@@ -46,14 +45,15 @@ def log_time(line: str) -> float | None:
 
 
 def process_times(log: Path) -> dict:
-    """From a core-worker log: when its process came up, and when an actor's constructor began
-    and returned in it."""
+    """From a core-worker log: when its process came up, when an actor's constructor began and
+    returned in it, and its last line."""
     times: dict[str, float] = {}
     for line in log.read_text(errors="replace").splitlines():
         when = log_time(line)
         if when is None:
             continue
         times.setdefault("process", when)
+        times["last"] = when
         if "Creating actor" in line:
             times.setdefault("created", when)
         if "Actor creation task finished" in line:
@@ -67,30 +67,33 @@ def logs_of(temp_dir: str, pid: int, kind: str = "worker") -> Path | None:
     return found[0] if found else None
 
 
-def job_timeline(job: dict, ray_job, actors: list[dict], temp_dir: str, runs: Path) -> dict:
+def job_timeline(job: dict, actors: list[dict], temp_dir: str, runs: Path) -> dict:
     """Seconds from the admission to each stage of the job's only attempt."""
     from core.metrics_log import read_metrics
 
     history = {e["event"]: e["time"] for e in job["history"]}
-    zero = history["admitted"]
-    stages = {"queued": history["queued"] - zero, "Ray Job started": ray_job.start_time / 1000 - zero}
-    driver = logs_of(temp_dir, ray_job.driver_info.pid, "driver") if ray_job.driver_info else None
-    if driver:
-        stages["driver joined the cluster"] = process_times(driver)["process"] - zero
-    for name in ACTORS:
-        mine = [a for a in actors if a["class_name"] == name and a.get("pid")]
-        times = [process_times(log) for a in mine if (log := logs_of(temp_dir, a["pid"]))]
+    zero, end = history["admitted"], history["succeeded"]
+    stages = {"queued": history["queued"] - zero}
+    name = f"{job['id']}-a{job['attempt']}"
+    controller = [a for a in actors if a["class_name"] == CONTROLLER and a.get("name") == name]
+    workers = [a for a in actors if a["class_name"] == WORKER]
+    for label, mine in (("attempt controller", controller), (WORKER, workers)):
+        times = [process_times(log) for a in mine if a.get("pid") and (log := logs_of(temp_dir, a["pid"]))]
+        # the run's workers came up between its admission and its end (the jobs run one at a time)
+        times = [t for t in times if zero <= t["process"] <= end]
         if times:
-            stages[f"{name} process up (last of {len(times)})"] = max(t["process"] for t in times) - zero
+            stages[f"{label} process up (last of {len(times)})"] = max(t["process"] for t in times) - zero
             done = [t["constructed"] for t in times if "constructed" in t]
             if done:
-                stages[f"{name} constructed (last)"] = max(done) - zero
+                stages[f"{label} constructed (last)"] = max(done) - zero
     steps = [r["time"] for r in read_metrics(str(runs / job["run"])) if "loss" in r]
     stages["first logged step"] = steps[0] - zero
     stages["'running' in the record"] = history["running"] - zero
     stages["last logged step"] = steps[-1] - zero
-    stages["'succeeded' in the record"] = history["succeeded"] - zero
-    stages["Ray Job ended"] = ray_job.end_time / 1000 - zero
+    stages["'succeeded' in the record"] = end - zero
+    log = logs_of(temp_dir, controller[0]["pid"]) if controller else None
+    if log:
+        stages["attempt controller's last log line"] = process_times(log)["last"] - zero
     return stages
 
 
@@ -100,9 +103,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from ray.job_submission import JobSubmissionClient
-
-    from tests.ray_cluster import list_actors, start_ray_head, stop_ray_head
+    from tests.ray_cluster import _state_api, start_ray_head, stop_ray_head
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-start-"))
     home, store, runs = tmp / "home", tmp / "store", tmp / "runs"
@@ -124,7 +125,6 @@ def main() -> int:
         if up.returncode != 0:
             sys.exit(f"orchestrator up failed: {up.stdout}{up.stderr}")
         os.environ.update(head.env)
-        client = JobSubmissionClient(head.dashboard)
         for i in range(args.jobs):
             sets = ["resources.custom_per_worker.slot=1", f"train.steps={args.steps}", "metrics.log_every=5"]
             sets += [f"checkpoint.storage={runs}", f"name=start-{i}"]
@@ -133,15 +133,9 @@ def main() -> int:
                 sys.exit(f"job {i} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
             job_id = done.stdout.split()[0]
             job = json.loads((store / "jobs" / f"{job_id}.json").read_text())
-            ray_job = client.get_job_info(job["submission_id"])
-            for _ in range(60):  # `--wait` returns at `succeeded`; the driver exits a moment later
-                if ray_job.end_time is not None:
-                    break
-                time.sleep(0.5)
-                ray_job = client.get_job_info(job["submission_id"])
-            actors = [a for name in ACTORS for a in list_actors(head.dashboard, head.env, name)]
-            mine = [a for a in actors if a.get("job_id") == ray_job.job_id]
-            timeline = job_timeline(job, ray_job, mine, head.temp_dir, runs)
+            time.sleep(2)  # `--wait` returns at `succeeded`; the controller ends a moment later
+            actors = _state_api(head.dashboard, head.env, "actors", detail="true")
+            timeline = job_timeline(job, actors, head.temp_dir, runs)
             timelines.append(timeline)
             print(f"job {i}: " + ", ".join(f"{k} {v:.1f}" for k, v in timeline.items()), flush=True)
         cli("down")

@@ -80,10 +80,13 @@ class Attempt:
         placement: dict[str, int] | None,
         display: Display,
         queued=None,
+        state=None,
     ):
         from workers.run_log import RunLog  # the metrics log in storage (and TensorBoard's files)
 
         self.spec, self.run_name, self.placement, self.queued = spec, run, placement, queued
+        self.run_state = state  # the attempt controller's own, or None: the run gets an actor of its own
+        self.aborted_in_place = False  # aborted, and the run ends with this process (not yet)
         self.display, self.name = display, spec.name
         run_uri = storage.join(spec.checkpoint.storage, run)
         self.log = RunLog(run_uri, tensorboard=spec.metrics.tensorboard)
@@ -109,7 +112,7 @@ class Attempt:
         self.workers: dict[int, dict] = {}  # rank -> {"pid", "node", "node_id"} of the current group
 
     def run(self) -> dict:
-        handle = launcher.start(self.spec, self.run_name, self.placement)
+        handle = launcher.start(self.spec, self.run_name, self.placement, self.run_state)
         try:
             while handle.running:
                 handle.join(POLL_S)
@@ -119,6 +122,7 @@ class Attempt:
         finally:
             self.log.close()
         self.state.to(Phase.ENDED)
+        self.aborted_in_place = bool(handle.aborted) and not handle.owns_state
         if handle.aborted:
             result = launcher.aborted_summary(handle, self.ended_as, self.last_step, self.last_checkpoint)
         else:
@@ -129,8 +133,10 @@ class Attempt:
         return summary
 
     def wait_tracking(self) -> None:
-        """After the attempt is reported: a bounded wait for MLflow to have all of it."""
-        if self.tracker is not None:
+        """After the attempt is reported: a bounded wait for MLflow to have all of it (not for
+        a run aborted in this process: its workers go on until the process ends, and what
+        MLflow lacks, its next attempt sends)."""
+        if self.tracker is not None and not self.aborted_in_place:
             self.tracker.wait()
 
     def _poll(self, handle: launcher.RunHandle, final: bool = False) -> None:

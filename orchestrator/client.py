@@ -46,6 +46,17 @@ from orchestrator.errors import UsageError
 SERVICE_NAME = "orchestrator"  # the service actor's name, in its namespace
 NAMESPACE = "orchestrator"
 
+
+def attempt_name(job_id: str, attempt: int) -> str:
+    """The name of an attempt's controller, in the service's namespace (`orchestrator logs`
+    finds its log by it; Ray's dashboard lists it)."""
+    return f"{job_id}-a{attempt}"
+
+
+def is_attempt_of(name: str, job_id: str) -> bool:
+    return name.startswith(f"{job_id}-a") and name.removeprefix(f"{job_id}-a").isdigit()
+
+
 TIMEOUT_S = 5.0
 TOKEN_ENV = "ORCHESTRATOR_TOKEN"  # the caller's token, as kubectl and Ray read theirs from the environment
 PAGE_ENV = "ORCHESTRATOR_URL"  # the service's page (http://HEAD:8266), where `up` left no record

@@ -1,10 +1,11 @@
-"""`orchestrator run` on Ray: the driver of one job, by one of two entry points over the same
-attempt (`orchestrator.attempt`):
+"""The driver of one job on Ray, by two entry points over the same attempt
+(`orchestrator.attempt`):
 
-    run_alone    no service on the cluster: the job runs at once, at its largest size
-    run_queued   through the service (`orchestrator.queued_job`): the one attempt the service
-                 started this driver for on the job's own node (`--job-id`), or a job this
-                 driver queues itself and runs at each admission
+    run                `orchestrator run` on a cluster or a local Ray: without a service the
+                       job runs at once, at its largest size (`run_alone`); with one, this
+                       driver queues the job and runs it at each admission (`run_queued`)
+    run_for_service    the one attempt the service started an attempt controller for
+                       (`orchestrator.attempt_controller`), on the job's own node
 
 Printing, signals and exit statuses live here; watching one training run is
 `orchestrator.attempt`'s job, starting it `orchestrator.ray.launcher`'s.
@@ -32,13 +33,13 @@ from orchestrator.ray import cluster
 EXIT = {"succeeded": 0, "stopped_early": 0, "failed": 1, "stopped": 1}
 
 
-def storage_from_here(path: str, job_id: str | None, tag: str) -> str:
+def storage_from_here(path: str, tag: str) -> str:
     """A relative path, as the user meant it. Under `ray job submit` this process runs in Ray's
     temporary copy of the working directory: resolve against the directory it was submitted
     from where that is known for sure, else refuse (checkpoints there would be deleted)."""
     path = os.path.expanduser(path)
-    if os.path.isabs(path) or job_id or service_client.own_submission_id() is None:
-        return path  # (the service's own drivers get absolute paths from submission)
+    if os.path.isabs(path) or service_client.own_submission_id() is None:
+        return path
     from orchestrator.ray.origin import submitted_from
 
     origin = submitted_from()
@@ -53,12 +54,10 @@ def storage_from_here(path: str, job_id: str | None, tag: str) -> str:
     return os.path.join(origin, path)
 
 
-def run(
-    spec: JobSpec, address: str | None = None, summary_path: str | None = None, job_id: str | None = None
-) -> int:
+def run(spec: JobSpec, address: str | None = None, summary_path: str | None = None) -> int:
     tag = f"[{spec.name}]"
     if "://" not in spec.checkpoint.storage:  # workers run in other directories
-        spec.checkpoint.storage = os.path.abspath(storage_from_here(spec.checkpoint.storage, job_id, tag))
+        spec.checkpoint.storage = os.path.abspath(storage_from_here(spec.checkpoint.storage, tag))
     try:
         address = cluster.driver_address(address)
         needed_cpus = math.ceil(spec.resources.max_workers * spec.resources.cpus_per_worker)
@@ -69,13 +68,11 @@ def run(
                 # after ray.init, whose own SIGTERM handler would end the process mid-C++
                 signal.signal(signal.SIGTERM, on_sigterm)
             service = service_client.find() if address else None
-            if service is None and job_id:
-                raise cluster.ClusterError(f"--job-id {job_id}: no orchestrator service on {where}")
             with Display() as display:
                 if service is None:
                     summary = run_alone(spec, where, display, local=address is None)
                 else:
-                    summary = run_queued(spec, service, job_id, display)
+                    summary = run_queued(spec, service, display)
     except (cluster.ClusterError, service_client.ServiceError, OSError) as err:
         print(f"error: {spec.name}: {err}", file=sys.stderr, flush=True)
         return 1
@@ -87,6 +84,26 @@ def run(
         )
         return 128 + signal.SIGTERM
     return report(spec, summary, summary_path)
+
+
+def run_for_service(spec: JobSpec, job_id: str, state) -> int:
+    """The attempt of `job_id` that the service started the calling attempt controller for:
+    attached to the service's record, run with `state` (the controller's own run state) as the
+    run's, reported. The service starts the next attempt's controller, if there is one."""
+    cluster.yield_to_training()  # this thread polls and reports; the job's ranks come first
+    service = service_client.find()
+    if service is None:
+        print(f"error: {spec.name}: no orchestrator service on this cluster", file=sys.stderr, flush=True)
+        return 1
+    try:
+        with Display() as display:
+            queued = QueuedJob(spec, service, job_id, display, state=state)
+            queued.preflight()
+            summary = queued.run()
+    except (service_client.ServiceError, OSError) as err:
+        print(f"error: {spec.name}: {err}", file=sys.stderr, flush=True)
+        return 1
+    return report(spec, summary, None)
 
 
 def report(spec: JobSpec, summary: dict, summary_path: str | None) -> int:
@@ -122,10 +139,9 @@ def run_alone(spec: JobSpec, where: str, display: Display, local: bool) -> dict:
     return summary
 
 
-def run_queued(spec: JobSpec, service, job_id: str | None, display: Display) -> dict:
-    """Through the service: the attempt it started this driver for (`--job-id`), or a job this
-    driver queues itself and runs each time it is admitted."""
-    queued = QueuedJob(spec, service, job_id, display)
+def run_queued(spec: JobSpec, service, display: Display) -> dict:
+    """Through the service: this driver queues the job and runs it each time it is admitted."""
+    queued = QueuedJob(spec, service, None, display)
     queued.preflight()
     return queued.run()
 

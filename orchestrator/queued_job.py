@@ -1,11 +1,11 @@
 """A job run through the orchestrator service, as its driver sees it: queued (or attached to the
-record the service started this driver for), admitted, run on the nodes the service counted,
-maybe preempted, and reported; the service decides what comes next.
+record the service started this attempt controller for), admitted, run on the nodes the
+service counted, maybe preempted, and reported; the service decides what comes next.
 
-A driver the service started (`orchestrator run ... --job-id ID`) runs on the job's own node
-and for one attempt: the next admission starts a new one on its nodes. A driver that queued
-its job itself (`ray job submit`, or `orchestrator run` from a terminal) waits for each
-admission and runs every attempt.
+An attempt controller the service started (`orchestrator.attempt_controller`, given the job's
+id) runs on the job's own node and for one attempt: the next admission starts a new one on its
+nodes. A driver that queued its job itself (`ray job submit`, or `orchestrator run` from a
+terminal) waits for each admission and runs every attempt.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ class QueuedJob:
 
     WAIT_S = 1.0
 
-    def __init__(self, spec: JobSpec, service, job_id: str | None, display: Display):
+    def __init__(self, spec: JobSpec, service, job_id: str | None, display: Display, state=None):
         self.spec, self.service, self.display, self.name = spec, service, display, spec.name
+        self.state = state  # the attempt controller's run state, when this runs in one
         submission = service_client.own_submission_id()
         if job_id:
             view = service_client.call(service.attach, job_id, submission)
@@ -40,7 +41,7 @@ class QueuedJob:
             )
         self.job_id, self.run_id, self.attempt = view["id"], view["run"], view["attempt"]
         self.view = view  # who and where: queue, user, team, sweep (MLflow's tags)
-        # a driver the service started runs on the attempt's nodes, for that attempt only
+        # an attempt controller runs on the attempt's nodes, for that attempt only
         self.one_attempt = bool(job_id)
         self.finished_attempt = 0  # the newest attempt this driver ran and reported
         display.event(
@@ -101,7 +102,7 @@ class QueuedJob:
             f"worker(s) on {len(admitted['placement'])} node(s){accum}",
         )
         self.display.update(self.name, state="admitted", note=None)
-        return Attempt(spec, self.run_id, admitted["placement"], self.display, queued=self)
+        return Attempt(spec, self.run_id, admitted["placement"], self.display, queued=self, state=self.state)
 
     def _say_requeued(self, after: dict, summary: dict) -> None:
         """The attempt ended and the job is queued again (or the service is deciding whether a

@@ -31,7 +31,7 @@ class IdleRunner:
     def stop(self, sid: str) -> None:
         pass
 
-    def statuses(self) -> dict[str, str]:
+    def statuses(self, ray_jobs: bool = False) -> dict[str, str]:
         return {}
 
 

@@ -213,7 +213,7 @@ class Launches:
     def __init__(self):
         self.started: list[tuple[str, dict]] = []
 
-    def launch(self, job_id, attempt, package, metadata, placement):
+    def launch(self, job_id, attempt, package, placement):
         self.started.append((f"{job_id}-a{attempt}", dict(placement)))
         return self.started[-1][0]
 

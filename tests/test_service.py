@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 
 from core.metrics_log import read_metrics
@@ -103,24 +104,30 @@ def loads_torch(pid: int) -> bool:
     return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
 
 
-def assert_one_control_actor_per_run_on_the_jobs_own_node(service, job: dict) -> None:
-    """Ray's own actor table while one job runs: one actor of ours for the run (its state
-    actor, which runs `fit()` and Ray Train's controller loop in its own process) on the node
-    with most of the job's workers (the head only when the job runs there), and none of the
-    actors Ray Train starts that the product does without (docs/scaling.md)."""
+def assert_one_control_process_per_attempt_on_the_jobs_own_node(service, job: dict) -> None:
+    """Ray's own actor table while one job runs: one process of ours for the attempt (its
+    attempt controller, which is the run's state and runs `fit()` with Ray Train's controller
+    loop) on the node with most of the job's workers (the head only when the job runs there),
+    no Ray Job's supervisor or driver, and none of the actors Ray Train starts that the
+    product does without (docs/scaling.md)."""
     from orchestrator.ray.launcher import driver_node
 
     def alive(name: str) -> list[dict]:
         actors = list_actors(service.head.dashboard, service.head.env, name)
         return [a for a in actors if a["state"] == "ALIVE"]
 
-    (state,) = alive("RunState")
-    assert state["node_id"] == driver_node(job["placement"]), (state, job["placement"])
+    (controller,) = alive("AttemptController")
+    assert controller["name"] == f"{job['id']}-a{job['attempt']}"
+    assert controller["node_id"] == driver_node(job["placement"]), (controller, job["placement"])
     # torch is loaded by the workers, never by the run's control (docs/ray.md, Start-up)
-    assert not loads_torch(state["pid"]), state
+    assert not loads_torch(controller["pid"]), controller
     workers = alive("RayTrainWorker")
     assert workers and all(loads_torch(w["pid"]) for w in workers)
+    # the driver's own processes are not there: no driver (`orchestrator run`), no Ray Job
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "--job-id" in (p.info["cmdline"] or [])]
     for name in (
+        "JobSupervisor",
+        "RunState",
         "TrainController",
         "TrainingRun",
         "PlacementGroupCleaner",
@@ -140,7 +147,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
     name = service.paced("low")
     low = service.submit("scheduling.preemptible=true", f"checkpoint.storage={runs}", name=name, steps=600)
     running = service.wait(low, lambda j: j["state"] == "running", what="running")
-    assert_one_control_actor_per_run_on_the_jobs_own_node(service, running)
+    assert_one_control_process_per_attempt_on_the_jobs_own_node(service, running)
     high = service.submit(name="high", priority=10, steps=10)
     h = service.done(high)
     service.release(name)
@@ -167,6 +174,12 @@ def test_a_high_priority_job_preempts_a_low_one_which_resumes_where_it_stopped(s
 START_UP_STOP_S = 15  # a quarter of the default grace period (scheduling.preemption_grace_s)
 
 
+def controller_alive(service, name: str) -> bool:
+    """Whether Ray's actor table has an attempt controller `name` that is not dead."""
+    actors = list_actors(service.head.dashboard, service.head.env, "AttemptController")
+    return any(a["name"] == name and a["state"] != "DEAD" for a in actors)
+
+
 @pytest.mark.timeout(400)
 def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
     """Before the first step there is nothing to checkpoint: the start is cancelled (Ray Train's
@@ -182,6 +195,11 @@ def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
     # The bound leaves room for a loaded 2-core runner (5.4 s seen on CI)
     assert stop_s < START_UP_STOP_S, f"a stop during start-up took {stop_s:.1f} s"
     assert job["steps_lost"] == 0 and job["step"] == 0
+    # the start's one process of ours ended with it, and the workers it owned with it
+    deadline = time.time() + START_UP_STOP_S
+    while controller_alive(service, f"{stopped}-a1"):
+        assert time.time() < deadline, "the stopped start's attempt controller is still there"
+        time.sleep(0.5)
 
     preempted = service.submit(name="preempted-early", steps=20)
     service.wait(preempted, lambda j: j["state"] == "admitted", what="admitted")
@@ -275,10 +293,10 @@ def test_the_queue_survives_the_service_actor_dying(service):
 
 
 @pytest.mark.timeout(600)
-def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(service):
-    name = service.paced("survivor")  # still training when its driver dies
+def test_a_job_whose_attempt_controller_dies_resumes_from_its_newest_complete_checkpoint(service):
+    name = service.paced("survivor")  # still training when its attempt's controller dies
     job_id = service.submit("checkpoint.every_steps=50", name=name, steps=600)
-    # `orchestrator logs --follow` with the id submit printed follows the job across its drivers
+    # `orchestrator logs --follow` with the id submit printed follows the job across its attempts
     follower = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "logs", "--follow", job_id],
         cwd=ROOT,
@@ -288,15 +306,12 @@ def test_a_job_whose_driver_dies_resumes_from_its_newest_complete_checkpoint(ser
         text=True,
     )
     job = service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 75, what="progress")
-    ray = str(Path(sys.executable).parent / "ray")
-    stop = subprocess.run(
-        [ray, "job", "stop", "--address", service.head.dashboard, "--no-wait", job["submission_id"]],
-        env={**os.environ, **service.env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # SIGTERM to the driver, as a crash would end it
-    assert stop.returncode == 0, stop.stderr
+    (controller,) = [
+        a
+        for a in list_actors(service.head.dashboard, service.head.env, "AttemptController")
+        if a["name"] == job["submission_id"] and a["state"] == "ALIVE"
+    ]
+    os.kill(controller["pid"], signal.SIGKILL)  # the attempt's controller crashes
     service.release(name)
     job = service.done(job_id, timeout=400)
     assert "driver-exited" in events(job) and job["attempt"] == 2

@@ -7,20 +7,15 @@ Cluster problems print one line and exit 1; an unknown job id exits 2.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import sys
 
+from orchestrator.client import is_attempt_of
+from orchestrator.commands.job_logs import handle_logs
+from orchestrator.commands.jobs_api import call as _call
+from orchestrator.commands.jobs_api import ray_job_ended
 from orchestrator.commands.options import add_jobs_api_address, with_cluster_errors
 from orchestrator.commands.queue_views import duration_text, ledger_lines, workers_text
-from orchestrator.errors import UsageError
-
-
-def ray_job_ended(status: str) -> bool:
-    """Whether a Ray Job's status is final (Ray's own definition)."""
-    from ray.job_submission import JobStatus
-
-    return JobStatus(status).is_terminal()
 
 
 def register(sub) -> None:
@@ -49,20 +44,6 @@ def register(sub) -> None:
     stop.add_argument("--now", action="store_true", help="kill it at once, without a checkpoint")
     add_jobs_api_address(stop)
     stop.set_defaults(handler=handle_stop)
-
-
-def _call(args, method: str, *params):
-    """client.<method>(*params), with errors turned into lines a person can act on."""
-    from orchestrator.ray.cluster import jobs_client, translate
-
-    client = jobs_client(args.address)
-    try:
-        return client, getattr(client, method)(*params)
-    except Exception as err:
-        job_id = getattr(args, "job_id", None)
-        if job_id and "does not exist" in str(err):
-            raise UsageError(f"no job '{job_id}' on this cluster; `orchestrator list` shows them") from None
-        raise translate(err, args.address or "the Ray cluster") from None
 
 
 def _time(ms) -> str:
@@ -125,10 +106,10 @@ def print_queued_job(job: dict) -> None:
         print(f"  checkpoint: {job['last_checkpoint']}")
     if job.get("submission"):
         runs = job["submission"]
-        # a driver the service started waits through a preemption: one may run several attempts
-        since = runs.removeprefix(f"{job['id']}-a") if runs.startswith(f"{job['id']}-a") else None
-        shared = f", its driver since attempt {since}" if since and since != str(job["attempt"]) else ""
-        print(f"  Ray Job:    {runs} (attempt {job['attempt']}{shared})")
+        if is_attempt_of(runs, job["id"]):  # the attempt's controller, an actor on its node
+            print(f"  controller: {runs} (attempt {job['attempt']}; `orchestrator logs {job['id']}`)")
+        else:  # the driver it came in by (`ray job submit`), which runs every attempt
+            print(f"  Ray Job:    {runs} (attempt {job['attempt']})")
     waited, eta = duration_text(job.get("waited_s")), duration_text(job.get("remaining_s"))
     print(f"  waited:     {waited} in the queue   ETA: {eta}")
     if job.get("ledger"):
@@ -214,120 +195,6 @@ def handle_list(args) -> int:
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table)
     return 0
-
-
-@with_cluster_errors
-def handle_logs(args) -> int:
-    client, drivers = _call(args, "list_jobs")
-    own = drivers_of(drivers, args)
-    if not own and args.came_by is None and args.known and not args.follow:
-        print(never_ran(args.known), file=sys.stderr)  # a queued job no Ray Job has run yet
-        return 0
-    if any(d.submission_id == args.job_id for d in drivers) or not (own or args.known):
-        client, text = _call(args, "get_job_logs", args.job_id)  # a Ray Job's own id
-        if not args.follow:
-            sys.stdout.write(text)
-            return 0
-        return follow(client, args.job_id)
-    return queued_job_logs(args, client)
-
-
-def never_ran(job: dict) -> str:
-    """Why a job the service knows has no logs: no Ray Job ran it yet (and why, if its
-    driver could not be started)."""
-    failed = [e for e in job.get("history", []) if e["event"] == "launch-failed"]
-    why = f"; its driver could not be started: {failed[-1].get('error')}" if failed else ""
-    return f"{job['id']} is {job['state']}: no Ray Job has run it yet, so it has no logs{why}"
-
-
-def drivers_of(drivers: list, args) -> list:
-    """The Ray Jobs that ran a queued job's attempts, oldest first: those the service started
-    (tagged with the job's id) and the one the job came in by (`ray job submit`), if any."""
-    from orchestrator import client as service_client
-
-    job_id = args.job_id
-    if not hasattr(args, "came_by"):  # asked once: the service's record of the job
-        args.known = service_client.queued_job(args.address, "status", job_id)
-        args.came_by = (args.known or {}).get("submission_id")
-
-    def ran_it(driver) -> bool:
-        tagged = (driver.metadata or {}).get("orchestrator_job") == job_id
-        return tagged or bool(args.came_by and driver.submission_id == args.came_by)
-
-    mine = [driver for driver in drivers if ran_it(driver)]
-    return sorted(mine, key=lambda d: d.start_time or 0)
-
-
-def queued_job_logs(args, client) -> int:
-    """The logs of every Ray Job that ran the job, oldest first, each under a header; with
-    --follow, the newest as it runs, then the next ones, until the job ends."""
-    import time
-
-    from orchestrator import client as service_client
-
-    shown: set[str] = set()
-    waiting_said, last = False, 1
-    while True:
-        drivers = [d for d in drivers_of(client.list_jobs(), args) if d.submission_id not in shown]
-        for driver in drivers:
-            sid = driver.submission_id
-            attempt = (driver.metadata or {}).get("attempt")
-            which = f"attempt {attempt}" if attempt else "the driver it came in by"
-            print(f"==> {sid} ({which}, Ray Job {driver.status.value.lower()}) <==", flush=True)
-            shown.add(sid)
-            if args.follow and not ray_job_ended(str(client.get_job_status(sid).value)):
-                last = follow(client, sid, verdict=False)
-                waiting_said = False
-            else:
-                sys.stdout.write(client.get_job_logs(sid))
-                last = 0 if driver.status.value == "SUCCEEDED" else 1
-        if not args.follow:
-            return 0
-        job = service_client.queued_job(args.address, "status", args.job_id)
-        if job is None:  # no service to ask: the newest driver's outcome is the job's
-            return last
-        state = job["state"]
-        if state in ("succeeded", "failed", "stopped"):
-            reason = f": {job['reason']}" if job and job.get("reason") else ""
-            print(f"job {args.job_id} {state}{reason}", file=sys.stderr)
-            return 0 if state == "succeeded" else 1
-        if not waiting_said:
-            print(f"--- {args.job_id} is {state}; waiting for its next attempt", file=sys.stderr)
-            waiting_said = True
-        time.sleep(2.0)
-
-
-def follow(client, job_id: str, verdict: bool = True) -> int:
-    """Stream a Ray Job's logs until it ends; exit 0 if it succeeded, 1 otherwise (and, with
-    `verdict`, say so)."""
-
-    async def stream():
-        async for lines in client.tail_job_logs(job_id):
-            sys.stdout.write(lines)
-            sys.stdout.flush()
-
-    asyncio.run(stream())
-    job = client.get_job_info(job_id)
-    status = str(getattr(job.status, "value", job.status))
-    if not ray_job_ended(status):  # the log stream can close a moment before the status flips
-        import time
-
-        for _ in range(50):
-            time.sleep(0.2)
-            job = client.get_job_info(job_id)
-            status = str(getattr(job.status, "value", job.status))
-            if ray_job_ended(status):
-                break
-    if status == "SUCCEEDED":
-        if verdict:
-            print(f"job {job_id} succeeded", file=sys.stderr)
-        return 0
-    message = (job.message or "").strip().splitlines()
-    if verdict:
-        print(
-            f"error: job {job_id} {status.lower()}" + (f": {message[-1]}" if message else ""), file=sys.stderr
-        )
-    return 1
 
 
 @with_cluster_errors

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
-
-from core.spec import JobSpec, SpecError, load_spec, load_stored
+from core.spec import JobSpec, SpecError, load_spec
 
 
 def register(sub) -> None:
@@ -17,8 +15,6 @@ def register(sub) -> None:
     )
     parser.add_argument("--summary", metavar="PATH", help="write a JSON summary here at the end")
     add_address(parser, "Ray cluster address (default: $RAY_ADDRESS, else start one)")
-    # set by the orchestrator service on the drivers it starts: run that queued job
-    parser.add_argument("--job-id", help=argparse.SUPPRESS)
     parser.set_defaults(handler=handle)
 
 
@@ -45,12 +41,10 @@ def handle(args) -> int:
         return run_local(spec, args.summary)
     from orchestrator import driver
 
-    if args.job_id:  # started by the service: the spec it validated at submission, as stored
-        return driver.run(load_stored(args.spec), address=args.address, job_id=args.job_id)
     spec = load_runnable(args.spec, args.overrides)
     if spec.sweep is not None:
         raise UsageError(
             f"{args.spec} is a sweep: queue its trials with `orchestrator submit {args.spec}`"
             " (an orchestrator service runs them)"
         )
-    return driver.run(spec, address=args.address, summary_path=args.summary, job_id=args.job_id)
+    return driver.run(spec, address=args.address, summary_path=args.summary)

@@ -21,7 +21,7 @@ from core.jobs import TERMINAL_VALUES
 from core.records import eval_fields, is_eval, is_train
 from core.run_folder import checkpoint_step
 from core.spec import JobSpec
-from orchestrator.commands.jobs import follow
+from orchestrator.commands.job_logs import follow_ray_job
 from orchestrator.commands.options import add_jobs_api_address, add_spec_arguments, with_cluster_errors
 from orchestrator.errors import UsageError
 
@@ -133,7 +133,7 @@ def handle(args) -> int:
     if not args.wait:
         print(f"follow it with: orchestrator logs {job_id} --follow", file=sys.stderr)
         return 0
-    return follow(client, job_id)
+    return follow_ray_job(client, job_id)
 
 
 def require_a_cluster(args) -> None:

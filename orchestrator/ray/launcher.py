@@ -31,7 +31,7 @@ import ray
 from core import run_folder, storage
 from core.jobs import resources_for
 from core.spec import JobSpec
-from orchestrator.ray.run_state import Outcome, RunState
+from orchestrator.ray.run_state import Outcome, RunStateActor
 
 log = logging.getLogger("orchestrator")
 
@@ -153,15 +153,21 @@ def run_controller_here(controller_kwargs: dict):
 
 
 class RunHandle:
-    def __init__(self, spec: JobSpec, run: str, placement: dict[str, int] | None = None):
+    def __init__(self, spec: JobSpec, run: str, placement: dict[str, int] | None = None, state=None):
+        """`state`: the run state to run `fit()` in, when the caller is one (the service's
+        attempt controller: `orchestrator.attempt_controller`); else an actor of its own is
+        started for the run."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.spec, self.run, self.placement = spec, run, placement
-        # the run's state actor, which runs fit() and Ray Train's controller loop, lives
-        # on the job's own node where the service placed it, else on the driver's
-        node = driver_node(placement or {}) or ray.get_runtime_context().get_node_id()
-        here = NodeAffinitySchedulingStrategy(node, soft=False)
-        self.state = RunState.options(scheduling_strategy=here).remote()
+        self.owns_state = state is None
+        if state is None:
+            # the run's state actor, which runs fit() and Ray Train's controller loop, lives
+            # on the job's own node where the service placed it, else on the driver's
+            node = driver_node(placement or {}) or ray.get_runtime_context().get_node_id()
+            here = NodeAffinitySchedulingStrategy(node, soft=False)
+            state = RunStateActor.options(scheduling_strategy=here).remote()
+        self.state = state
         self._result = self.state.fit.remote(functools.partial(trainer, spec, run, placement=placement))
         self._outcome: Outcome | None = None  # read before an abort ends the actor
         self._failure: dict | None = None
@@ -203,12 +209,17 @@ class RunHandle:
 
     def abort(self, why: str, timeout: float = 30.0) -> None:
         """End the run now, without a checkpoint: its controller and workers go with the actor
-        that owns them, and its placement group is removed here."""
+        that owns them, and its placement group is removed here. A run in the caller's own
+        process (the attempt controller) ends with that process, once the attempt is reported
+        (`AttemptController.run`)."""
         self.aborted = why
         try:
             self._outcome = ray.get(self.state.outcome.remote(), timeout=10)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
             pass
+        if not self.owns_state:
+            self._done, self._failure = True, {"died": [], "text": why, "group": False}
+            return
         ray.kill(self.state, no_restart=True)
         self.join(timeout)
         release_placement_groups()
@@ -245,8 +256,8 @@ def release_placement_groups() -> list[str]:
     return removed
 
 
-def start(spec: JobSpec, run: str, placement: dict[str, int] | None = None) -> RunHandle:
-    return RunHandle(spec, run, placement)
+def start(spec: JobSpec, run: str, placement: dict[str, int] | None = None, state=None) -> RunHandle:
+    return RunHandle(spec, run, placement, state)
 
 
 def failure_reason(failure: dict, error: dict | None, max_failures: int) -> str:

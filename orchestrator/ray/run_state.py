@@ -106,9 +106,10 @@ class EventLog:
         return self.events[cursor - self.dropped :], self.dropped + len(self.events)
 
 
-# fit() runs on a thread of its own; the workers' and the driver's calls on the default one
-@ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"fit": 1})
 class RunState:
+    """The run's state, as an actor (`RunStateActor`, beside a driver) or as the part of the
+    service's attempt controller (`orchestrator.attempt_controller`) that the workers call."""
+
     def __init__(self):
         yield_to_training()  # this actor's calls run on this thread
         self.groups: list[str] = []  # placement group id of each attempt, in order
@@ -118,6 +119,7 @@ class RunState:
         self.error: dict | None = None
         self.resumed_from: int | None = None
         self.stop: str | None = None  # a stop request: its reason
+        self.fitting = False  # fit() runs (its thread drives Ray Train's controller loop)
 
     def _current(self, attempt: int) -> bool:
         return attempt == len(self.groups) - 1
@@ -181,10 +183,13 @@ class RunState:
     def fit(self, make_trainer) -> dict | None:
         """`make_trainer(state)`'s `fit()`, with this actor as the workers' state; how it failed
         (`describe_failure`), or None."""
+        self.fitting = True
         try:
             make_trainer(ray.get_runtime_context().current_actor).fit()
         except BaseException as err:  # reported in the summary, with the workers' own reason
             return describe_failure(err)
+        finally:
+            self.fitting = False
         return None
 
     def request_stop(self, reason: str) -> None:
@@ -196,6 +201,11 @@ class RunState:
 
     def outcome(self) -> Outcome:
         return Outcome(self.summary, self.error, len(self.groups), self.resumed_from, bool(self.workers))
+
+
+# fit() runs on a thread of its own; the workers' and the driver's calls on the default one
+RUN_STATE_OPTIONS = dict(num_cpus=0, max_restarts=0)
+RunStateActor = ray.remote(**RUN_STATE_OPTIONS, concurrency_groups={"fit": 1})(RunState)
 
 
 @dataclass

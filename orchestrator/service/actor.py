@@ -6,7 +6,7 @@
                                                                     |  Lifecycle (lifecycle.py)
                                                                     |  Store (store.py: job files)
                                                                     |  JobTable (table.py: jobs by state)
-                                                                    |  JobRunner (Ray Jobs API)
+                                                                    |  AttemptRunner (attempt controllers)
                                                                     |  progress.py (drivers' reports)
                                                                     |  Health (health.py: hangs, stragglers)
                                                                     |  Views (views.py: what is shown)

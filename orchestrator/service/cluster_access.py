@@ -18,11 +18,9 @@ from orchestrator.ray.node_health import HealthChecks
 
 
 class Runner(Protocol):
-    """Drivers started, watched and stopped (`runner.JobRunner`: Ray's Jobs API)."""
+    """Attempt controllers started, watched and stopped (`runner.AttemptRunner`)."""
 
-    def launch(
-        self, job_id: str, attempt: int, package_uri: str, metadata: dict, placement: dict[str, int]
-    ) -> str: ...
+    def launch(self, job_id: str, attempt: int, package_uri: str, placement: dict[str, int]) -> str: ...
 
     def stop(self, sid: str) -> None: ...
 
@@ -49,12 +47,12 @@ def of_ray(dashboard: str, autoscaler: dict | None) -> ClusterAccess:
     from orchestrator.ray import node_health
     from orchestrator.ray.autoscaler import detected_config
     from orchestrator.ray.cluster import read_token
-    from orchestrator.service.runner import JobRunner
+    from orchestrator.service.runner import AttemptRunner
 
     context = ray.get_runtime_context()
     return ClusterAccess(
         owner=context.get_actor_id() or f"service-{secrets.token_hex(4)}",
-        runner=JobRunner(dashboard),
+        runner=AttemptRunner(dashboard),
         node_table=ray.nodes,
         draining=draining_nodes,
         probe=node_health.probe,

@@ -18,6 +18,7 @@ import time
 from ray.job_submission import JobStatus
 
 from core.jobs import JobState
+from orchestrator.client import is_attempt_of
 from orchestrator.policy import autoscale
 from orchestrator.policy.admission import free_capacity, place
 from orchestrator.policy.hangs import start_stuck
@@ -122,7 +123,10 @@ class SchedulingCycle:
         waiting = (j for j in self.jobs.pending() if j.submission_id or j.launched_by == "driver")
         watched = self.jobs.holding() + list(waiting)
         runner = self.lifecycle.runner
-        statuses = runner.statuses() if any(j.submission_id for j in watched) else {}
+        drivers = [j.submission_id for j in watched if j.submission_id]
+        # the Ray Jobs of `ray job submit` are asked for only when a job came in by one
+        ray_jobs = any(not is_attempt_of(sid, j.id) for j in watched if (sid := j.submission_id))
+        statuses = runner.statuses(ray_jobs=ray_jobs) if drivers else {}
         # a job's workers start after the previous job's did (`start_stuck`): the newest start
         # of a job that holds resources or ended (a waiting job's start is of an ended attempt)
         last_start = max((j.started_at or 0.0 for j in self.jobs.values()), default=0.0)
@@ -169,7 +173,8 @@ class SchedulingCycle:
             self.lifecycle.confirm_failure(job, now)
 
     def _driver_status(self, job: JobRecord, statuses: dict[str, str], now: float) -> tuple[str | None, bool]:
-        """(the Ray Job's status, whether the job's driver is gone)."""
+        """(the status of what runs the job, its attempt controller or the Ray Job it came in
+        by; whether that is gone)."""
         if job.submission_id:
             status = statuses.get(job.submission_id)
             return status, status is None or JobStatus(status).is_terminal()

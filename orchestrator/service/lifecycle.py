@@ -17,7 +17,7 @@ import time
 from core.jobs import JobState, check_transition
 from core.run_folder import checkpoint_step
 from orchestrator.policy.las import service_rate
-from orchestrator.service.runner import JobRunner, driver_node
+from orchestrator.service.runner import AttemptRunner, driver_node
 from orchestrator.service.store import JobRecord, Store
 from orchestrator.service.table import JobTable
 
@@ -27,7 +27,7 @@ PROGRESS_SAVE_S = 10.0  # a job's record is saved at least this often while only
 
 
 class Lifecycle:
-    def __init__(self, store: Store, runner: JobRunner, config, generation: int):
+    def __init__(self, store: Store, runner: AttemptRunner, config, generation: int):
         self.store, self.runner, self.config, self.generation = store, runner, config, generation
         self.jobs = JobTable(store.load_all())
         self.saved_at: dict[str, float] = {}  # when each job's record was last saved (monotonic)
@@ -86,9 +86,7 @@ class Lifecycle:
 
     def _launch(self, job: JobRecord, now: float) -> None:
         try:
-            job.submission_id = self.runner.launch(
-                job.id, job.attempt, job.package, {"attempt": job.attempt}, job.placement
-            )
+            job.submission_id = self.runner.launch(job.id, job.attempt, job.package, job.placement)
             job.driver_node = driver_node(job.placement)
         except Exception as err:
             log.error("%s: cannot start its driver: %s", job.id, err)

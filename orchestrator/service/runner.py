@@ -1,21 +1,17 @@
-"""Starting, watching and stopping the Ray Jobs that run the queue's jobs.
+"""Starting, watching and stopping the attempt controllers that run the queue's jobs.
 
-Each attempt of a job runs as one Ray Job (so Ray's dashboard shows it, with its logs) whose
-entrypoint is the ordinary driver, `orchestrator run`, attached to the queue's record:
+Each attempt of a job runs in one process, its attempt controller
+(`orchestrator.attempt_controller`): a detached actor named `<id>-a<attempt>` in the service's
+namespace, on the job's own node (the one with most of its workers), so the head pays for none
+of a job's control and a job's control shares its nodes' fate. Ray refuses a second live actor
+of one name, so an attempt cannot start twice, whichever service tries.
 
-    orchestrator run .orchestrator/job.json --job-id <id>
-
-Its working_dir is the job's package in the store (the project directory the job was
-submitted from, zipped, with its spec), and its submission id is `<id>-a<attempt>`: Ray
-refuses a second Ray Job with the same id, so an attempt can never start twice, whichever
-service tries. Ray takes a working_dir as a local zip file (which it uploads to the cluster
-once, by its hash); a package in a store elsewhere (s3://, gs://) is copied to a local file
-on the head first. (A job queued before packages were zips has a directory: Ray zips that.)
-
-The driver runs on the job's own node (the one with most of its workers), not on the head: Ray
-Train's controller and its actors follow their driver, so the head pays for none of a job's
-control processes, and a job's control shares its nodes' fate. A driver started here runs
-one attempt: the next admission starts a new one, on the nodes of that admission.
+Its working_dir is the job's package in the store (the project directory the job was submitted
+from, zipped, with its spec), uploaded to the cluster once by its hash, the way Ray Jobs uploads
+a working_dir (a package in a store elsewhere, s3:// or gs://, is copied to a local file on the
+head first; a job queued before packages were zips has a directory, which Ray zips). Ray's
+dashboard lists each controller among its actors, by name, with its log; `orchestrator logs ID`
+reads them.
 """
 
 from __future__ import annotations
@@ -23,20 +19,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import posixpath
-import shlex
 import shutil
 import tempfile
 from collections.abc import Iterator
 
 from core import storage
-from orchestrator.ray.launcher import NODE_ID_LABEL, driver_node
+from orchestrator.client import NAMESPACE, attempt_name
+from orchestrator.ray.launcher import driver_node
 from orchestrator.service.store import SPEC_IN_PACKAGE
 
 log = logging.getLogger("orchestrator.service")
 
-
-def submission_id(job_id: str, attempt: int) -> str:
-    return f"{job_id}-a{attempt}"
+RUNNING = "RUNNING"  # an attempt controller the cluster has, starting or running
 
 
 @contextlib.contextmanager
@@ -58,13 +52,8 @@ def local_copy(package_uri: str) -> Iterator[str]:
             yield local
 
 
-def driver_node_selector(placement: dict[str, int]) -> dict[str, str] | None:
-    node = driver_node(placement)
-    return {NODE_ID_LABEL: node} if node else None
-
-
-class JobRunner:
-    """The Ray Jobs API of the cluster the service runs on."""
+class AttemptRunner:
+    """The attempt controllers of the cluster the service runs on."""
 
     def __init__(self, dashboard: str):
         self.dashboard = dashboard
@@ -72,54 +61,77 @@ class JobRunner:
 
     @property
     def client(self):
+        """Ray Jobs' client of the dashboard: what uploads a working_dir to the cluster."""
         if self._client is None:
             from ray.job_submission import JobSubmissionClient
 
             self._client = JobSubmissionClient(self.dashboard)
         return self._client
 
-    def launch(
-        self, job_id: str, attempt: int, package_uri: str, metadata: dict, placement: dict[str, int]
-    ) -> str:
-        """Start the driver of `job_id`'s attempt on its `placement`; returns its submission id."""
-        sid = submission_id(job_id, attempt)
-        entrypoint = shlex.join(["orchestrator", "run", SPEC_IN_PACKAGE, "--job-id", job_id])
+    def upload(self, package_uri: str) -> str:
+        """The package's URI in the cluster (gcs://...), uploaded unless Ray has it already.
+        Ray uploads a local working_dir for a driver or a Ray Job only; this is Ray Jobs'
+        client's own upload, through the dashboard with the cluster's token."""
         with local_copy(package_uri) as working_dir:
-            try:
-                self.client.submit_job(
-                    entrypoint=entrypoint,
-                    submission_id=sid,
-                    runtime_env={"working_dir": working_dir},
-                    entrypoint_label_selector=driver_node_selector(placement),
-                    metadata={"orchestrator_job": job_id, **{k: str(v) for k, v in metadata.items()}},
-                )
-            except Exception as err:
-                if "already exists" not in str(err):
-                    raise
-                log.warning("%s was already started (by an earlier service)", sid)
-        return sid
+            runtime_env = {"working_dir": working_dir}
+            self.client._upload_working_dir_if_needed(runtime_env)
+        return runtime_env["working_dir"]
 
-    def status(self, sid: str) -> str | None:
-        """RUNNING, PENDING, SUCCEEDED, ...; None when Ray does not know the submission."""
-        try:
-            return str(getattr(self.client.get_job_status(sid), "value", ""))
-        except Exception as err:
-            if "does not exist" in str(err) or "not found" in str(err).lower():
-                return None
-            raise
+    def launch(self, job_id: str, attempt: int, package_uri: str, placement: dict[str, int]) -> str:
+        """Start the controller of `job_id`'s attempt on its `placement`; returns its name."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    def stop(self, sid: str) -> None:
-        """SIGTERM to the driver, SIGKILL a few seconds later (Ray's own stop)."""
+        from orchestrator.attempt_controller import AttemptControllerActor
+
+        name = attempt_name(job_id, attempt)
+        options = dict(
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",  # it outlives a restart of the service, as a Ray Job did
+            runtime_env={"working_dir": self.upload(package_uri)},
+        )
+        node = driver_node(placement)
+        if node:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         try:
-            self.client.stop_job(sid)
+            controller = AttemptControllerActor.options(**options).remote()
+        except ValueError as err:  # the name is taken: an earlier service started it
+            if "already taken" not in str(err) and "already exists" not in str(err):
+                raise
+            log.warning("%s was already started (by an earlier service)", name)
+            return name
+        controller.run.remote(job_id, SPEC_IN_PACKAGE)
+        return name
+
+    def stop(self, name: str) -> None:
+        """End the attempt's controller now, and its run with it; a driver that came in by
+        `ray job submit` is stopped by Ray Jobs (SIGTERM, then SIGKILL a few seconds later)."""
+        import ray
+
+        try:
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+            return
+        except ValueError:  # no such controller: gone already, or a Ray Job's driver
+            pass
+        try:
+            self.client.stop_job(name)
         except Exception as err:
             if "does not exist" not in str(err):
                 raise
 
-    def statuses(self) -> dict[str, str]:
-        """Every submission Ray knows, with its status (one call)."""
-        return {
-            j.submission_id: str(getattr(j.status, "value", j.status))
-            for j in self.client.list_jobs()
-            if j.submission_id
+    def statuses(self, ray_jobs: bool = False) -> dict[str, str]:
+        """Every attempt controller the cluster has (starting or running) by name, in one
+        call; with `ray_jobs`, every Ray Job too (the drivers of `ray job submit`), with its
+        status (RUNNING, SUCCEEDED, ...)."""
+        import ray
+
+        found = {
+            a["name"]: RUNNING
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE and "-a" in a["name"]
         }
+        if ray_jobs:
+            for job in self.client.list_jobs():
+                if job.submission_id:
+                    found.setdefault(job.submission_id, str(getattr(job.status, "value", job.status)))
+        return found

@@ -13,13 +13,13 @@ from typing import Any
 
 from core.jobs import JobState
 from core.ledger import cluster_goodput
+from orchestrator.client import attempt_name
 from orchestrator.monitoring.exporter import KEEP_FINISHED_S
 from orchestrator.policy.admission import add, scale
 from orchestrator.policy.cohorts import CohortBook
 from orchestrator.service.cycle import SchedulingCycle, allocation
 from orchestrator.service.health import Watchdog
 from orchestrator.service.live import LiveMetrics
-from orchestrator.service.runner import submission_id
 from orchestrator.service.store import JobRecord
 from orchestrator.service.table import TERMINAL, table_of
 
@@ -49,10 +49,8 @@ class Views:
         view["waited_s"] = job.waited(time.time())
         res = job.spec.resources
         view["elastic"] = [res.min_workers, res.max_workers] if res.elastic else None
-        # the Ray Job that runs it: a driver that waits through a preemption runs later attempts too
-        view["submission"] = job.submission_id or (
-            submission_id(job.id, job.attempt) if job.attempt else None
-        )
+        # what runs it: its attempt's controller, or the Ray Job it came in by (every attempt)
+        view["submission"] = job.submission_id or (attempt_name(job.id, job.attempt) if job.attempt else None)
         return view
 
     def queue(self, include_finished: bool = False, waiting: int | None = None) -> list[dict[str, Any]]:
