@@ -50,12 +50,29 @@ def test_the_stop_code_and_the_non_finite_flag_come_through():
 def test_the_next_sum_is_due_after_about_every_s_of_steps():
     sums = StepSums(CPU, world_size=1, is_main=True, every_s=0.2)
     assert sums.due(1)  # the first step always sums
+    sums.start(1, torch.tensor(False), 0)
+    sums.finish()
+    assert sums.due_step == 2  # the pace is not known yet: the next step sums again
     time.sleep(0.05)  # steps of ~10 ms: 5 steps took 50 ms
-    sums.start(5, torch.tensor(False), 0)
+    sums.start(6, torch.tensor(False), 0)
     sums.finish()
     # ~20 steps make 0.2 s at that pace; the sleep may overshoot, so allow fewer, never more
-    assert 5 + 10 <= sums.due_step <= 5 + 20
+    assert 6 + 10 <= sums.due_step <= 6 + 20
     assert not sums.due(sums.due_step - 1) and sums.due(sums.due_step)
+
+
+def test_a_resumed_run_sums_again_soon_and_so_hears_a_stop_request():
+    # resumed at step 259 right after it was built: the steps before 259 were not taken in
+    # this process, so they say nothing of the pace (taken as such, the next sum, and with it
+    # the next stop request, waited 1,000 steps)
+    sums = StepSums(CPU, world_size=1, is_main=True, every_s=0.2)
+    sums.start(259, torch.tensor(False), 0)
+    sums.finish()
+    assert sums.due_step == 260
+    time.sleep(0.05)
+    sums.start(260, torch.tensor(False), 0)  # one step of 50 ms: 4 steps make 0.2 s
+    sums.finish()
+    assert 261 <= sums.due_step <= 264
 
 
 def test_slow_steps_sum_every_step():

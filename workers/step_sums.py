@@ -103,7 +103,9 @@ class StepSums:
         # (record or None, this rank's loss: a 0-d float32 tensor, {field: 0-d device tensor})
         self.waiting: list[tuple[dict | None, torch.Tensor, dict | None]] = []
         self.due_step = 0  # the first sum: at the first step
-        self._last = (0, time.perf_counter())  # rank 0: (step, time) of the last sum started
+        # rank 0: (step, time) of the last sum started; None before the first, whose pace is
+        # unknown (a resumed run starts at its checkpoint's step, not at 0): it sums again next step
+        self._last: tuple[int, float] | None = None
 
     def add(
         self, record: dict | None, loss: torch.Tensor, on_device: dict[str, torch.Tensor] | None = None
@@ -123,10 +125,12 @@ class StepSums:
         """Begin the sum of the waiting records' losses, the flags, and the next due step."""
         interval = 0
         if self.is_main:  # steps per `every_s` at the pace since the last sum
-            last_step, last_time = self._last
             now = time.perf_counter()
-            step_s = (now - last_time) / max(step - last_step, 1)
-            interval = max(1, min(MAX_INTERVAL, int(self.every_s / max(step_s, 1e-9))))
+            interval = 1
+            if self._last is not None:
+                last_step, last_time = self._last
+                step_s = (now - last_time) / max(step - last_step, 1)
+                interval = max(1, min(MAX_INTERVAL, int(self.every_s / max(step_s, 1e-9))))
             self._last = (step, now)
         waiting, self.waiting = self.waiting, []
         flags = torch.stack(
