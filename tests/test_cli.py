@@ -193,3 +193,23 @@ def test_submit_with_no_service_known_says_to_start_one(cli, tmp_path):
             "error: no orchestrator service known here: start one with `orchestrator up`"
         )
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_down_after_its_head_died_forgets_it_at_once(cli, tmp_path):
+    """`up` started a local head that has since died (the machine rebooted, its processes were
+    killed): `down` does not wait on a GCS that is gone (Ray retries for minutes), stops
+    whatever of the head is left and forgets it."""
+    from tests.conftest import _free_ports
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (port,) = _free_ports(1)  # nothing listens there
+    temp_dir = tmp_path / "orch-gone"
+    temp_dir.mkdir()
+    state = {"address": f"127.0.0.1:{port}", "started_head": True, "temp_dir": str(temp_dir)}
+    (home / "cluster.json").write_text(json.dumps(state))
+    result = cli("down", env={"ORCHESTRATOR_HOME": str(home), "RAY_ADDRESS": ""}, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"cannot connect to the Ray cluster at '127.0.0.1:{port}': nothing answers there" in result.stdout
+    assert "stopped the local Ray head (0 processes)" in result.stdout
+    assert not (home / "cluster.json").exists() and not temp_dir.exists()

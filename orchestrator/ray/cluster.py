@@ -81,16 +81,24 @@ def _have_token() -> bool:
         return False
 
 
+def answers(address: str, timeout: float = 2.0) -> bool | None:
+    """Whether something accepts connections at the GCS address host:port; None when the
+    address is not of that form (a ray:// client address, `auto`)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or "://" in address:
+        return None
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
 def refuses_our_token(address: str) -> bool:
     """Whether the cluster's GCS at host:port refuses this process' token, or its lack of one:
     one request, answered in milliseconds, where `ray.init` retries for 20 s before it gives up.
     False when the address is not a reachable host:port (then `ray.init` says what is wrong)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit() or "://" in address:
-        return False
-    try:
-        socket.create_connection((host, int(port)), timeout=2).close()
-    except OSError:
+    if not answers(address):
         return False
     try:
         from ray._raylet import GcsClient  # what ray.init asks the GCS with; no public API asks
@@ -217,6 +225,8 @@ def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
     try:
         if address:
             use_token_if_available()
+            if answers(address) is False:  # `ray.init` would retry for minutes
+                raise ClusterError(f"cannot connect to the Ray cluster at '{address}': nothing answers there")
             if refuses_our_token(address):
                 raise ClusterError(auth_message(address))
             try:
