@@ -16,7 +16,8 @@ realistic 2-second reports), and measures:
     submit      submissions per second through `submit` (store writes included), with the
                 scheduling loop running as it does in the service
     reads       `orchestrator queue` (the command in a process of its own, over the page's HTTP API),
-                `orchestrator status ID`, GET /api/queue (its first page), GET /metrics
+                `orchestrator status ID`, GET /api/queue (the status page's first page, a search
+                for the last job queued, the CLI's list and the unpaged list), GET /metrics
                 (and the exporter's snapshot alone, and its text by prometheus_client's
                 generate_latest and by the exporter's own `exposition`, which /metrics serves)
     memory      the process' RSS, and what this scale added to it
@@ -50,6 +51,7 @@ from core.spec import validate  # noqa: E402
 GB = 2**30
 HISTORY = 5000  # a job that ran for hours has logged this many records (the service kept 5,000 of them)
 WAITING = 50  # waiting jobs in a page of the queue (`orchestrator queue` shows as many)
+PAGE = 50  # jobs in a page of the status page's queue (app.js's PAGE_SIZE)
 
 
 def spec_of(workers: int, storage: str, priority: int):
@@ -180,12 +182,16 @@ class Bench:
 
         page = self.service.page_url
         some = next(iter(self.drivers), None) or self.queued_ids[0]
+        last_queued = self.queued_ids[-1]
         registry = registry_for(self.service)
         read = {
             "cli_queue_s": lambda: _cli("queue"),
             "cli_status_s": lambda: _cli("status", some),
             "api_queue_s": lambda: client.api_get(page, "queue"),
             "api_queue_page_s": lambda: client.api_get(page, f"queue?waiting={WAITING}&finished=0"),
+            "api_queue_first_page_s": lambda: client.api_get(page, f"queue?offset=0&limit={PAGE}"),
+            # the last job queued is on no page but the last: found only by the service's search
+            "api_queue_search_s": lambda: client.api_get(page, f"queue?limit={PAGE}&q={last_queued}"),
             "api_status_s": lambda: client.api_job(page, some),
             "metrics_http_s": lambda: _http(page + "metrics"),
             "exporter_snapshot_s": self.service.exporter_snapshot,
@@ -279,8 +285,10 @@ GOALS = {
     "submit_p99_s": ("submission p99 (s)", None, False),
     "cli_queue_s": ("`orchestrator queue` (s)", 1.0, False),
     "cli_status_s": ("`orchestrator status ID` (s)", 1.0, False),
-    "api_queue_s": ("GET /api/queue, every job (s)", 1.0, False),
-    "api_queue_page_s": (f"GET /api/queue?waiting={50} (s)", 1.0, False),
+    "api_queue_first_page_s": (f"GET /api/queue?limit={PAGE}, the page's first page (s)", 1.0, False),
+    "api_queue_search_s": (f"GET /api/queue?limit={PAGE}&q=ID, the page's search (s)", 1.0, False),
+    "api_queue_page_s": (f"GET /api/queue?waiting={WAITING} (s)", 1.0, False),
+    "api_queue_s": ("GET /api/queue, every job, unpaged (s)", 1.0, False),
     "api_status_s": ("GET /api/jobs/ID (s)", 1.0, False),
     "metrics_http_s": ("GET /metrics (s)", 1.0, False),
     "exporter_snapshot_s": ("exporter snapshot (s)", 1.0, False),

@@ -1,6 +1,7 @@
 """bench/service_scale.py at a small size (50 running, 500 queued): what it measures is what it
-says. Every job submitted is in the queue's data, the first page of `/api/queue` and
-`orchestrator queue` show the running jobs and the head of the queue with a count of the rest,
+says. Every job submitted is in the queue's data, the status page's first page and search come
+from the service's own paging, `/api/queue?waiting=N` and `orchestrator queue` show the running
+jobs and the head of the queue with a count of the rest,
 and the drivers' reports fold into `status`, the exporter and `/metrics`. No timings are
 asserted: the machine decides those. No Ray cluster: the service runs against the bench's fakes.
 """
@@ -37,6 +38,53 @@ def test_every_job_is_in_the_queue_data_in_order(measured):
     assert [view["id"] for view in page] == [view["id"] for view in everyone][
         : RUNNING + service_scale.WAITING
     ]
+
+
+def test_the_pages_first_page_and_search_come_from_the_service(measured):
+    _, read = measured
+    bench, everyone = read["bench"], read["api_queue_s"]
+    first = read["api_queue_first_page_s"]
+    assert [view["id"] for view in first["jobs"]] == [view["id"] for view in everyone][: service_scale.PAGE]
+    assert first["total"] == RUNNING + QUEUED and first["counts"] == {"running": RUNNING, "queued": QUEUED}
+    assert all(view["live"] is not None for view in first["jobs"])  # the running jobs' newest rates
+    found = read["api_queue_search_s"]
+    assert [view["id"] for view in found["jobs"]] == [bench.queued_ids[-1]]
+    assert found["total"] == 1 and found["counts"] == {"queued": 1}
+
+
+def test_the_services_pages_follow_its_queue_order_states_and_search(tmp_path):
+    """`queue_page` on the real service: any slice of its queue order, its states picked, and
+    a search through its jobs' names and the scheduler's notes, counted by state."""
+    from orchestrator.monitoring.queue_query import QueueQuery
+
+    bench = service_scale.Bench(4, 40, history=1, tmp=tmp_path)
+    try:
+        bench.fill()
+        service = bench.service
+        ordered = [view["id"] for view in service.queue(include_finished=True)]
+        for offset, limit in ((0, 3), (2, 5), (40, 10)):  # across the running and waiting, and the end
+            page = service.queue_page(QueueQuery(offset=offset, limit=limit))
+            assert [view["id"] for view in page["jobs"]] == ordered[offset : offset + limit]
+            assert page["total"] == len(ordered)
+        waiting = service.queue_page(QueueQuery(states=frozenset({"queued"}), limit=500))
+        queued = [job_id for job_id in ordered if service.jobs[job_id].state.value == "queued"]
+        assert [view["id"] for view in waiting["jobs"]] == queued and set(queued) == set(bench.queued_ids)
+        theirs = [job for job in service.jobs.values() if job.name == "scale-w4"]
+        found = service.queue_page(QueueQuery(words=("scale-w4",), limit=500))
+        assert [view["id"] for view in found["jobs"]] == [
+            i for i in ordered if service.jobs[i].name == "scale-w4"
+        ]
+        counts: dict[str, int] = {}
+        for job in theirs:
+            counts[job.state.value] = counts.get(job.state.value, 0) + 1
+        assert found["counts"] == counts and len(counts) == 2  # running and waiting ones
+        # the scheduler's note on each waiting job, which its record does not keep, is searched too
+        views = service.queue(include_finished=True)
+        behind = [view["id"] for view in views if "behind" in (view["note"] or "")]
+        page = service.queue_page(QueueQuery(words=("behind",), limit=500))
+        assert behind and [view["id"] for view in page["jobs"]] == behind
+    finally:
+        bench.close()
 
 
 def test_the_queue_command_shows_the_running_and_counts_the_rest(measured):

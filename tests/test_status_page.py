@@ -25,6 +25,7 @@ import pytest
 from core.ledger import BUCKETS, LOST, STALLED, STOPPING, Goodput, Ledger, cluster_goodput
 from orchestrator.commands.queue import queue_lines
 from orchestrator.monitoring import web
+from orchestrator.monitoring.queue_query import MAX_LIMIT, SEARCHED, QueueQuery
 from orchestrator.monitoring.web import make_app, serve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,6 +181,7 @@ class FakeService:
         self.info_calls = 0
         self.rng = random.Random(7)
         self.metrics_calls: list[tuple[str, int]] = []
+        self.page_queries: list[QueueQuery] = []  # what the page asked `queue_page` for
         self.jobs: dict[str, dict] = {}
         self.records: dict[str, list[dict]] = {}
         self.checkpoints: dict[str, list[str]] = {}
@@ -466,6 +468,17 @@ class FakeService:
     def _add(self, view: dict) -> None:
         self.jobs[view["id"]] = view
 
+    def add_waiting(self, count: int) -> list[str]:
+        """`count` more jobs waiting behind the others (a queue of thousands, cut down): their ids."""
+        now, added = time.time(), []
+        with self.lock:
+            for n in range(count):
+                job_id = f"batch-{n:04d}-1123-1400-{n:04x}"
+                name, submitted = f"batch-{n:04d}", now - count + n
+                self._add(_job(job_id, name, "queued", queue="batch", submitted_at=submitted))
+                added.append(job_id)
+        return added
+
     def _train(self, job_id: str, steps: int) -> None:
         """Advance the running job by `steps`: one record per LOG_EVERY steps, evals, checkpoints."""
         job = self.jobs[job_id]
@@ -577,6 +590,19 @@ class FakeService:
         for view in views:
             view.pop("history")
         return views
+
+    def queue_page(self, query: QueueQuery) -> dict:
+        """The page `query` picks out of `queue()`, whose order is the fake's queue order."""
+        self.page_queries.append(query)
+        views = self.queue()
+        position = {view["id"]: n for n, view in enumerate(views)}
+        page = query.select(
+            views,
+            lambda view: view["state"],
+            lambda view: [view.get(name) for name in SEARCHED],
+            lambda view: (position[view["id"]],),
+        )
+        return page.reply(query, page.jobs)
 
     def job(self, job_id: str) -> dict | None:
         with self.lock:
@@ -715,6 +741,70 @@ def test_queue_reads_running_jobs_metrics_incrementally(served):
     _, plain = fetch_json(url + "api/queue?rates=0")
     assert source.metrics_calls == [] and [j["id"] for j in plain] == [j["id"] for j in queue]
     assert not any({"live", "loss_trail", "restarts"} & set(j) for j in plain)
+
+
+def by_state(views) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for view in views:
+        counts[view["state"]] = counts.get(view["state"], 0) + 1
+    return counts
+
+
+def test_queue_pages_and_searches_on_the_server(served):
+    source, url = served
+    waiting = source.add_waiting(300)
+    _, everyone = fetch_json(url + "api/queue?rates=0")  # the plain list of older callers: unchanged
+    assert isinstance(everyone, list) and len(everyone) == len(source.jobs)
+    ids = [view["id"] for view in everyone]
+
+    status, first = fetch_json(url + "api/queue?limit=50")
+    assert status == 200 and [view["id"] for view in first["jobs"]] == ids[:50]
+    assert (first["offset"], first["limit"], first["total"]) == (0, 50, len(ids))
+    assert first["counts"] == by_state(everyone)
+    running = next(view for view in first["jobs"] if view["id"] == source.running_id)
+    assert running["live"]["step"] == source.jobs[source.running_id]["step"]  # the page's rates
+    _, last = fetch_json(url + "api/queue?offset=300&limit=50")
+    assert [view["id"] for view in last["jobs"]] == ids[300:] and last["total"] == len(ids)
+
+    # a job on no page but the last, by a word of its name and one of its queue, any case
+    wanted = waiting[-23]
+    source.page_queries.clear()
+    _, found = fetch_json(url + f"api/queue?q={source.jobs[wanted]['name'].upper()}+BATCH")
+    assert [view["id"] for view in found["jobs"]] == [wanted]
+    assert found["total"] == 1 and found["counts"] == {"queued": 1}
+    assert source.page_queries[-1].words == (source.jobs[wanted]["name"], "batch")
+    # a note's words find the jobs waiting behind llama; a state narrows, the counts stay the search's
+    _, behind = fetch_json(url + "api/queue?q=behind+LLAMA&state=preempted")
+    noted = [v for v in everyone if "behind" in (v.get("note") or "") and "llama" in v["note"]]
+    assert len(by_state(noted)) == 2  # one queued, one preempted
+    assert behind["counts"] == by_state(noted) and behind["total"] == by_state(noted)["preempted"]
+    assert {view["state"] for view in behind["jobs"]} == {"preempted"}
+
+    source.metrics_calls.clear()
+    _, queued = fetch_json(url + "api/queue?state=queued,preempted&offset=10&limit=5")
+    pending = [view["id"] for view in everyone if view["state"] in ("queued", "preempted")]
+    assert [view["id"] for view in queued["jobs"]] == pending[10:15] and queued["total"] == len(pending)
+    assert source.metrics_calls == []  # no running job on this page: no job's metrics read
+    _, unfinished = fetch_json(url + f"api/queue?finished=0&limit={MAX_LIMIT}")
+    assert [view["id"] for view in unfinished["jobs"]] == [
+        view["id"] for view in everyone if view["state"] not in ("succeeded", "failed", "stopped")
+    ]
+
+
+@pytest.mark.parametrize(
+    "query, says",
+    [
+        ("limit=0", f"limit must be a whole number, 1 to {MAX_LIMIT}"),
+        (f"limit={MAX_LIMIT + 1}", f"limit must be a whole number, 1 to {MAX_LIMIT}"),
+        ("offset=-1", "offset must be a whole number, 0 or more"),
+        ("offset=ten", "offset must be a whole number, 0 or more"),
+        ("state=sideways", "unknown state 'sideways': one of queued, admitted"),
+    ],
+)
+def test_a_page_asked_for_badly_is_refused_in_one_line(served, query, says):
+    _, url = served
+    status, reply = fetch_json(url + "api/queue?" + query)
+    assert status == 400 and reply["error"].startswith(says) and "\n" not in reply["error"]
 
 
 def test_job_view_with_history_and_checkpoints(served):
@@ -1231,6 +1321,72 @@ def test_queue_marks_the_rows_of_jobs_with_stragglers_or_a_hang(browser):
             lambda: browser.execute_script(READ_FLAGS)[source.running_id] is None, what="the marker to go"
         )
         assert browser.execute_script(READ_FLAGS)[VIT] == flags[VIT]
+        assert page_errors(browser) == []
+    finally:
+        server.stop()
+
+
+READ_ROWS = "return [...document.querySelectorAll('#queue-body tr')].map(tr => tr.dataset.jobId)"
+READ_TILES = """
+return Object.fromEntries([...document.querySelectorAll('#counts .tile')].map(
+  t => [t.querySelector('.label').textContent, t.querySelector('.n').textContent]));
+"""
+
+
+def type_search(browser, text: str) -> None:
+    box = browser.find_element("id", "filter")
+    browser.execute_script("arguments[0].value = ''", box)
+    box.send_keys(text) if text else browser.execute_script(
+        "arguments[0].dispatchEvent(new Event('input'))", box
+    )
+
+
+def press(browser, element) -> None:
+    """Click `element` as a person does: scrolled into view first, clear of the sticky top bar."""
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+    element.click()
+
+
+def test_page_lists_one_page_and_its_search_asks_the_service(browser):
+    """With a few hundred jobs the page lists one page of them in queue order; its search, state
+    tiles and pager ask the service for the page they show, and the tiles still count every job."""
+    source = FakeService()
+    waiting = source.add_waiting(300)
+    views = source.queue()
+    ordered = [view["id"] for view in views]
+    server, url = serve(make_app(source), "127.0.0.1", 0)
+    rows = lambda: browser.execute_script(READ_ROWS)  # noqa: E731
+    count = lambda: browser.find_element("id", "job-count").text  # noqa: E731
+    try:
+        load(browser, url, "#queue-body tr", what="the first page")
+        size = source.page_queries[-1].limit
+        assert size < len(ordered)
+        wait_for(lambda: rows() == ordered[:size], what="the first page, in queue order")
+        assert count() == f"1–{size} of {len(ordered):,}"
+        assert browser.find_element("id", "pager").is_displayed()
+        assert browser.execute_script(READ_TILES) == {s: f"{n:,}" for s, n in by_state(views).items()}
+
+        wanted = waiting[-23]  # on the last page: the page never had it
+        type_search(browser, source.jobs[wanted]["name"])
+        wait_for(lambda: rows() == [wanted], what="the service's search to find a job past the first page")
+        assert source.page_queries[-1].words == (source.jobs[wanted]["name"],)
+        assert count() == "1 · found 1 queued" and not browser.find_element("id", "pager").is_displayed()
+        type_search(browser, "no-such-job")
+        wait_for(lambda: browser.find_element("id", "queue-none").is_displayed(), what="no match")
+        assert rows() == [] and not browser.find_element("id", "queue-empty").is_displayed()
+
+        type_search(browser, "")
+        wait_for(lambda: rows() == ordered[:size], what="the first page again")
+        press(browser, browser.find_element("id", "page-next"))
+        wait_for(lambda: rows() == ordered[size : 2 * size], what="the second page")
+        assert count() == f"{size + 1}–{2 * size} of {len(ordered):,}"
+        assert source.page_queries[-1].offset == size
+
+        running = [view["id"] for view in views if view["state"] == "running"]
+        tile = browser.find_element("xpath", "//*[@id='counts']/button[.//*[contains(@class, 's-running')]]")
+        press(browser, tile)
+        wait_for(lambda: rows() == running, what="the running jobs, from the first of them")
+        assert source.page_queries[-1].states == {"running"} and source.page_queries[-1].offset == 0
         assert page_errors(browser) == []
     finally:
         server.stop()

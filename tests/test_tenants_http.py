@@ -15,13 +15,14 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from orchestrator.monitoring.exporter import registry_for
 from orchestrator.monitoring.page_view import PageView
+from orchestrator.monitoring.queue_query import QueueQuery
 from orchestrator.monitoring.web import make_app
 from orchestrator.monitoring.web_auth import COOKIE
 from orchestrator.service.access import Denied
 from orchestrator.service.tenants import Tenants
 from tests.tenant_harness import RAY_TOKEN, add_team_users, spec, start_service
 
-READS = ("/api/info", "/api/queue", "/metrics")
+READS = ("/api/info", "/api/queue", "/api/queue?limit=5&q=nlp", "/metrics")
 
 
 @pytest.fixture
@@ -167,6 +168,7 @@ def test_bad_tokens_are_always_401_never_a_5xx_and_change_nothing(service, token
                 lambda token=token: service.submit(spec("shared"), {}, None, token),
                 lambda token=token: service.add_user(token, "eve", "ops", "admin"),
                 lambda token=token: service.queue(token=token),
+                lambda token=token: service.queue_page(QueueQuery(), token=token),
             ):
                 with pytest.raises(Denied) as caught:
                     call()

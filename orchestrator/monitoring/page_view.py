@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from orchestrator.monitoring.queue_query import QueueQuery
+
 log = logging.getLogger("orchestrator.service")
 
 
@@ -35,6 +37,9 @@ class PageView:
 
     def queue(self, waiting: int | None = None, finished: bool = True) -> list[dict]:
         return self.service.queue(include_finished=finished, waiting=waiting)
+
+    def queue_page(self, query: QueueQuery) -> dict:
+        return self.service.queue_page(query)
 
     def job(self, job_id: str) -> dict | None:
         try:

@@ -3,8 +3,12 @@
     GET /                                the page (a static file: every value comes from the API)
     GET /static/...                      its script, styles and the vendored uPlot
     GET /api/info                        the service: generation, store, dashboard, nodes, counts, queues
-    GET /api/queue                       every job's view, plus its newest rates ("live", "restarts")
-                                         and a running job's newest losses ("loss_trail");
+    GET /api/queue?offset=&limit=&state=&q=
+                                         one page of the jobs in queue order (what the page reads):
+                                         {"jobs", "offset", "limit", "total", "counts"} (queue_query.py);
+                                         each view with its newest rates ("live", "restarts") and a
+                                         running job's newest losses ("loss_trail")
+    GET /api/queue                       without those: every job's view, as a list (older callers);
                                          ?waiting=N: only the first N waiting jobs, ?finished=0;
                                          ?rates=0: the views alone (what `orchestrator queue` reads)
     GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)
@@ -34,10 +38,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import collections
 import functools
 import hmac
-import math
 import threading
 from pathlib import Path
 from typing import Protocol
@@ -45,9 +47,9 @@ from typing import Protocol
 import prometheus_client
 from aiohttp import web
 
-from core.jobs import HOLDING_VALUES, TERMINAL_VALUES
-from core.records import is_train
 from orchestrator.monitoring.exporter import exposition
+from orchestrator.monitoring.live_rates import LiveRates, restarts
+from orchestrator.monitoring.queue_query import QueueQuery, is_paged
 from orchestrator.monitoring.web_auth import Gate, add_login_routes, gatekeeper, token_of
 from orchestrator.monitoring.web_calls import ServiceCalls, add_call_routes, decides_itself
 from orchestrator.monitoring.web_json import in_executor, json_reply, refusal_reply
@@ -60,7 +62,6 @@ PAGE_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
-LIVE_KEYS = ("step", "time", "loss", "samples_per_s", "tokens_per_s", "mfu", "tflops_per_worker")
 
 
 class PageSource(Protocol):
@@ -74,6 +75,11 @@ class PageSource(Protocol):
     def queue(self, waiting: int | None = None, finished: bool = True) -> list[dict]:
         """Job views in queue order, finished jobs included (no history); `waiting`: only the
         first that many of the waiting jobs; `finished`: False leaves finished jobs out."""
+        ...
+
+    def queue_page(self, query: QueueQuery) -> dict:
+        """One page of the jobs `query` asks for (no history): `query.select`'s page as
+        {"jobs", "offset", "limit", "total", "counts"}."""
         ...
 
     def job(self, job_id: str) -> dict | None:
@@ -106,87 +112,6 @@ MAX_SUBMISSION_BYTES = 512 * 1024 * 1024  # the zipped project travels in the bo
 
 def _not_found(job_id: str) -> web.Response:
     return json_reply({"error": f"no job '{job_id}' in the orchestrator's queue"}, status=404)
-
-
-def restarts(view: dict) -> int:
-    """Admissions that did not resume a preemption: a driver that died, a start that timed out."""
-    if isinstance(view.get("restarts"), int):
-        return view["restarts"]
-    return max((view.get("attempt") or 0) - 1 - (view.get("preemptions") or 0), 0)
-
-
-class LiveRates:
-    """The newest training record of each running job, read incrementally (only records past
-    the last step seen), so the queue shows throughput and MFU without the page reading every
-    job's metrics. Finished jobs show their summary's whole-run figures instead."""
-
-    TRAIL = 120  # training losses of a running job's sparkline, the newest
-
-    def __init__(self, source: PageSource):
-        self.source = source
-        self.lock = threading.Lock()
-        self.newest: dict[str, tuple[int, dict | None]] = {}  # job id -> (last step seen, record)
-        self.trails: dict[str, collections.deque] = {}  # job id -> [step, loss] of its newest records
-
-    def annotate(self, views: list[dict]) -> list[dict]:
-        """Copies of `views`, each with "live" (its newest rates, or None) and "restarts"."""
-        views = [dict(view) for view in views]  # the source's own dicts stay as they were
-        active = set()
-        for view in views:
-            job_id, state = view.get("id"), view.get("state")
-            view["loss_trail"] = None
-            if state in HOLDING_VALUES:  # their rates change while we watch
-                active.add(job_id)
-                view["live"] = self._running(job_id)
-                with self.lock:
-                    view["loss_trail"] = list(self.trails.get(job_id, ()))
-            elif state in TERMINAL_VALUES:
-                view["live"] = self._summary(view.get("summary"))
-            else:
-                view["live"] = None  # waiting: no rate to speak of
-            view["restarts"] = restarts(view)
-        with self.lock:  # forget jobs that stopped running
-            for job_id in set(self.newest) - active:
-                del self.newest[job_id]
-                self.trails.pop(job_id, None)
-        return views
-
-    def _running(self, job_id: str) -> dict | None:
-        with self.lock:
-            last_step, record = self.newest.get(job_id, (-1, None))
-        try:
-            # the first look at a job needs its newest record and trail, not all it kept
-            records = self.source.metrics(job_id, last_step, self.TRAIL)
-        except KeyError:
-            return None
-        trail = []
-        for r in records:
-            step = r.get("step")
-            if not isinstance(step, (int, float)):
-                continue
-            last_step = max(last_step, int(step))
-            if is_train(r) and (record is None or step >= record.get("step", -1)):
-                record = {k: r[k] for k in LIVE_KEYS if k in r}
-            if is_train(r) and isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"]):
-                trail.append([int(step), float(r["loss"])])
-        with self.lock:
-            self.newest[job_id] = (last_step, record)
-            self.trails.setdefault(job_id, collections.deque(maxlen=self.TRAIL)).extend(trail)
-        return record
-
-    @staticmethod
-    def _summary(summary: dict | None) -> dict | None:
-        if not summary:
-            return None
-        rates = summary.get("throughput") or {}
-        return {
-            "step": summary.get("steps"),
-            "loss": summary.get("final_train_loss"),
-            "samples_per_s": summary.get("samples_per_s"),
-            "tokens_per_s": summary.get("tokens_per_s"),
-            "mfu": rates.get("mfu"),
-            "tflops_per_worker": rates.get("tflops_per_worker"),
-        }
 
 
 def make_app(
@@ -243,8 +168,11 @@ class _Reads:
         return json_reply(await in_executor(self.source.info))
 
     async def queue(self, request: web.Request) -> web.Response:
-        """?waiting=N: the jobs holding resources and the first N waiting; ?finished=0: no
-        finished jobs. Without them, every job (the page filters and searches them itself)."""
+        """?offset=&limit=&state=&q=: one page and its totals (the status page). Without them,
+        the plain list: ?waiting=N, the jobs holding resources and the first N waiting;
+        ?finished=0, no finished jobs; else every job."""
+        if is_paged(request.query):
+            return await self.queue_page(request)
         asked = {}
         try:
             if "waiting" in request.query:
@@ -254,9 +182,19 @@ class _Reads:
         if "finished" in request.query:
             asked["finished"] = request.query["finished"] not in ("0", "false", "no")
         views = await in_executor(functools.partial(self.source.queue, **asked))
-        if request.query.get("rates") in ("0", "false", "no"):  # no metrics read, half the bytes
+        if _no_rates(request):  # no metrics read, half the bytes
             return json_reply(views)
         return json_reply(await in_executor(self.live.annotate, views))
+
+    async def queue_page(self, request: web.Request) -> web.Response:
+        try:
+            query = QueueQuery.from_params(request.query)
+        except ValueError as err:
+            return json_reply({"error": str(err)}, status=400)
+        page = await in_executor(self.source.queue_page, query)
+        if not _no_rates(request):  # the rates of this page's running jobs only
+            page["jobs"] = await in_executor(self.live.annotate, page["jobs"])
+        return json_reply(page)
 
     async def job(self, request: web.Request) -> web.Response:
         job_id = request.match_info["id"]
@@ -287,6 +225,10 @@ class _Reads:
             )
         body = await in_executor(exposition, self.registry)
         return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
+
+def _no_rates(request: web.Request) -> bool:
+    return request.query.get("rates") in ("0", "false", "no")
 
 
 def _submit_route(submitter: Submitter | None, gated: bool):

@@ -14,6 +14,7 @@ from typing import Any
 
 from core import run_folder
 from orchestrator.monitoring.page_view import process_info
+from orchestrator.monitoring.queue_query import QueueQuery
 from orchestrator.service.access import ACTOR, Door
 from orchestrator.service.live import with_logged
 
@@ -28,6 +29,12 @@ class ReadCalls:
         self.door.check_read(token, ACTOR)
         with self.lock:
             return self.views.queue(include_finished, waiting)
+
+    def queue_page(self, query: QueueQuery, token: str | None = None) -> dict:
+        """One page of the queue and its totals (monitoring/queue_query.py)."""
+        self.door.check_read(token, ACTOR)
+        with self.lock:
+            return self.views.queue_page(query)
 
     def status(self, job_id: str, token: str | None = None) -> dict:
         self.door.check_read(token, ACTOR)

@@ -15,6 +15,7 @@ from core.jobs import JobState
 from core.ledger import cluster_goodput
 from orchestrator.client import attempt_name
 from orchestrator.monitoring.exporter import KEEP_FINISHED_S
+from orchestrator.monitoring.queue_query import QueueQuery
 from orchestrator.policy.admission import add, scale
 from orchestrator.policy.cohorts import CohortBook
 from orchestrator.service.cycle import SchedulingCycle, allocation
@@ -63,6 +64,18 @@ class Views:
         ended = self.jobs.in_states(TERMINAL) if include_finished else ()
         jobs = sorted([*self.jobs.holding(), *pending, *ended], key=_queue_order)
         return [self.job(j, history=False) for j in jobs]
+
+    def queue_page(self, query: QueueQuery) -> dict[str, Any]:
+        """One page of the jobs `query` asks for, in queue order, with how many match it and
+        how many match its search in each state (`GET /api/queue?offset=&limit=&state=&q=`).
+        Views are built for the page's jobs only: 50 of them, not the 11,000 in the table."""
+        page = query.select(self.jobs.values(), _state_name, self._searched, _queue_order)
+        return page.reply(query, [self.job(j, history=False) for j in page.jobs])
+
+    def _searched(self, job: JobRecord) -> tuple[str | None, ...]:
+        """The fields a search looks in, queue_query.SEARCHED's, in its order."""
+        note = self.cycle.notes.get(job.id)
+        return (job.id, job.name, job.run, job.queue, job.user, job.sweep, job.state.value, note, job.reason)
 
     def cluster(self) -> dict[str, Any]:
         """The cluster's part of the service's `info()`: nodes, resources, jobs by state, goodput
@@ -176,6 +189,10 @@ class Views:
                 }
             use[name]["order"] = queue.order
         return {"config": config.model_dump(mode="json", exclude_defaults=True), "use": use}
+
+
+def _state_name(job: JobRecord) -> str:
+    return job.state.value
 
 
 def _queue_order(job: JobRecord) -> tuple:

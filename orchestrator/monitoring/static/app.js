@@ -1,7 +1,8 @@
 /* The orchestrator's status page.
  *
- * Polls the service's JSON API (api/info, api/queue; for the open job api/jobs/<id> and its
- * metrics since the last step seen) and renders it. Every value that came from a job spec or
+ * Polls the service's JSON API (api/info; api/queue for one page of the jobs, searched and
+ * filtered by the service; for the open job api/jobs/<id> and its metrics since the last step
+ * seen) and renders it. Every value that came from a job spec or
  * the service (names, queues, notes, reasons, URIs) reaches the page only as a text node or an
  * attribute value: this file never assigns innerHTML, and links are limited to http(s) URLs.
  * Rows and charts are updated in place, so nothing flickers and nothing reloads.
@@ -11,6 +12,8 @@
 
   const POLL_MS = 2000;
   const HIDDEN_POLL_MS = 10000; // a background tab asks less often
+  const PAGE_SIZE = 50; // jobs a page of the queue lists: the service pages and searches the rest
+  const SEARCH_DELAY_MS = 250; // the search is sent once typing pauses, not at each key
   const CHART_HEIGHT = 210;
   const SMOOTHING = 0.85; // EMA weight of the smoothed loss line
   const STATES = ["running", "admitted", "stopping", "queued", "preempted", "succeeded", "failed", "stopped"];
@@ -220,12 +223,17 @@
 
   const page = {
     info: null,
-    jobs: [],
+    jobs: [], // this page's jobs, as the service picked them
+    total: 0, // the jobs that match the search and the state picked, on every page
+    counts: {}, // those that match the search, by state
+    offset: 0,
     stateFilter: null,
     text: "",
     showFinished: true,
     busy: false,
+    again: false, // the search, state or page changed while a poll was on its way: ask again
     timer: null,
+    typing: null,
   };
 
   // --- header, counts, resources --------------------------------------------------------------------
@@ -386,8 +394,9 @@
       );
       tile.addEventListener("click", () => {
         page.stateFilter = page.stateFilter === s ? null : s;
+        page.offset = 0;
         renderInfo(page.info);
-        renderQueue();
+        refresh();
       });
       return tile;
     });
@@ -713,26 +722,11 @@
     row.tr.classList.toggle("open", job.id === detail.id);
   }
 
-  function matches(job) {
-    if (page.stateFilter && job.state !== page.stateFilter) return false;
-    if (!page.showFinished && FINISHED.has(job.state) && !page.stateFilter) return false;
-    if (!page.text) return true;
-    const haystack = [job.name, job.id, job.queue, job.state, job.run, job.note, job.reason, job.sweep]
-      .filter(Boolean)
-      .join(" ")
-      .toLowerCase();
-    return page.text
-      .toLowerCase()
-      .split(/\s+/)
-      .every((word) => haystack.includes(word));
-  }
-
   function renderQueue() {
     const body = $("queue-body");
-    const visible = page.jobs.filter(matches);
     const seen = new Set();
     let previous = null;
-    for (const job of visible) {
+    for (const job of page.jobs) {
       let row = rows.get(job.id);
       if (!row) {
         row = makeRow(job.id);
@@ -750,8 +744,38 @@
         rows.delete(id);
       }
     }
-    $("queue-empty").hidden = page.jobs.length > 0;
-    setText($("job-count"), visible.length === page.jobs.length ? fmtInt(page.jobs.length) : fmtInt(visible.length) + " of " + fmtInt(page.jobs.length));
+    const narrowed = Boolean(page.text || page.stateFilter || !page.showFinished);
+    $("queue-empty").hidden = page.total > 0 || narrowed;
+    $("queue-none").hidden = page.total > 0 || !narrowed;
+    renderPager();
+  }
+
+  /** "51–100 of 10,950", the search's matches by state, and the buttons to the pages around */
+  function renderPager() {
+    const last = page.offset + page.jobs.length;
+    const range = page.total > page.jobs.length ? fmtInt(page.offset + 1) + "–" + fmtInt(last) + " of " + fmtInt(page.total) : fmtInt(page.total);
+    const found = STATES.filter((s) => page.counts[s]).map((s) => fmtInt(page.counts[s]) + " " + s);
+    setText($("job-count"), range + (page.text && found.length ? " · found " + found.join(", ") : ""));
+    setText($("page-range"), page.jobs.length ? range : "");
+    $("pager").hidden = page.offset === 0 && page.total <= PAGE_SIZE;
+    $("page-prev").disabled = page.offset === 0;
+    $("page-next").disabled = last >= page.total;
+  }
+
+  /** Go to the page that starts at `offset` (0 to the last page's start) */
+  function turnTo(offset) {
+    const lastStart = Math.max(0, Math.floor((page.total - 1) / PAGE_SIZE) * PAGE_SIZE);
+    page.offset = Math.min(Math.max(offset, 0), lastStart);
+    refresh();
+  }
+
+  /** The page's query for the service: this page of the jobs the search and the state pick */
+  function queueUrl() {
+    const params = new URLSearchParams({ offset: String(page.offset), limit: String(PAGE_SIZE) });
+    if (page.stateFilter) params.set("state", page.stateFilter);
+    if (page.text) params.set("q", page.text);
+    if (!page.showFinished) params.set("finished", "0");
+    return "api/queue?" + params.toString();
   }
 
   // --- charts --------------------------------------------------------------------------------------------
@@ -1258,11 +1282,15 @@
   async function tick() {
     if (page.busy) return;
     page.busy = true;
+    page.again = false;
     clearTimeout(page.timer);
     try {
-      const [info, jobs] = await Promise.all([getJSON("api/info"), getJSON("api/queue")]);
+      const [info, reply] = await Promise.all([getJSON("api/info"), getJSON(queueUrl())]);
       page.info = info;
-      page.jobs = Array.isArray(jobs) ? jobs : [];
+      page.jobs = reply.jobs || [];
+      page.total = reply.total || 0;
+      page.counts = reply.counts || {};
+      if (!page.jobs.length && page.offset > 0 && page.total > 0) turnTo(page.offset); // fewer pages now
       renderInfo(info);
       renderQueue();
       if (detail.id) await pollJob();
@@ -1272,19 +1300,33 @@
       setLive(false, "cannot reach the orchestrator service · retrying");
     } finally {
       page.busy = false;
-      page.timer = setTimeout(tick, document.hidden ? HIDDEN_POLL_MS : POLL_MS);
+      page.timer = setTimeout(tick, page.again ? 0 : document.hidden ? HIDDEN_POLL_MS : POLL_MS);
     }
+  }
+
+  /** Ask the service now (the search, the state or the page changed), or as soon as the poll
+   * on its way is back: its answer is for what was asked before */
+  function refresh() {
+    if (page.busy) page.again = true;
+    else tick();
   }
 
   function start() {
     $("filter").addEventListener("input", (event) => {
-      page.text = event.target.value.trim();
-      renderQueue();
+      clearTimeout(page.typing);
+      page.typing = setTimeout(() => {
+        page.text = event.target.value.trim();
+        page.offset = 0;
+        refresh();
+      }, SEARCH_DELAY_MS);
     });
     $("show-finished").addEventListener("change", (event) => {
       page.showFinished = event.target.checked;
-      renderQueue();
+      page.offset = 0;
+      refresh();
     });
+    $("page-prev").addEventListener("click", () => turnTo(page.offset - PAGE_SIZE));
+    $("page-next").addEventListener("click", () => turnTo(page.offset + PAGE_SIZE));
     $("job-close").addEventListener("click", closeJob);
     document.addEventListener("keydown", (event) => {
       if (event.key === "Escape" && detail.id && document.activeElement.tagName !== "INPUT") closeJob();
