@@ -1,4 +1,5 @@
-"""The orchestrator's scheduling policy on a simulated cluster, against plain FIFO.
+"""The orchestrator's scheduling policy (priorities, FIFO within a level) on a simulated cluster,
+against plain FIFO.
 
     python bench/scheduler_sim.py                  # 10,000 jobs, 64 nodes x 8 GPUs, seed 0
     python bench/scheduler_sim.py --quick          # a small workload (what the tests run)
@@ -46,6 +47,7 @@ from provenance import git_commit  # noqa: E402  (bench/provenance.py: this scri
 from sim_stats import decision_summary, percentile  # noqa: E402
 
 from bench.fifo import FifoPolicy  # noqa: E402
+from core.queues import validate_queue_config  # noqa: E402
 from orchestrator.policy import Allocation, JobRequest, Node, Policy  # noqa: E402
 
 PRIORITY_NAMES = {0: "low", 1: "normal", 2: "high"}
@@ -53,6 +55,10 @@ SIZES = (1, 2, 4, 8, 16, 32)  # GPUs per job
 SIZE_WEIGHTS = (0.35, 0.20, 0.17, 0.14, 0.09, 0.05)  # many small jobs, few big ones
 PRIORITY_WEIGHTS = (0.45, 0.40, 0.15)  # low, normal, high
 EPS = 1e-6
+# what this simulation measures: priorities, gangs, EASY backfill and preemption by priority,
+# with FIFO within a level; it keeps no attained service, which the default order (las-share)
+# needs: that order is replayed by `--trace` (`trace_sim.py`) and `scheduler_philly.py`
+PRIORITY_FIFO = validate_queue_config({"order": "fifo"})
 
 
 @dataclass
@@ -562,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter()
     results = {}
     for name, policy in (
-        ("policy", Policy(nodes, backfill_window=cfg.backfill_window)),
+        ("policy", Policy(nodes, backfill_window=cfg.backfill_window, queues=PRIORITY_FIFO)),
         ("fifo", FifoPolicy(nodes)),
     ):
         started = time.perf_counter()

@@ -84,11 +84,11 @@ def queue_config(
 def make_policy(name: str, nodes: list[Node], jobs: list[TraceJob], total_gpus: int, queues=None):
     if name == "fifo":
         return FifoPolicy(nodes)
-    if name == "fifo-backfill":
-        return Policy(nodes, preemption=False)
+    if name == "fifo-backfill":  # FIFO within a priority level: EASY backfill is all that reorders
+        return Policy(nodes, preemption=False, queues=validate_queue_config({"order": "fifo"}))
     if name == "sjf-oracle":
         return SjfOracle(nodes)
-    if name == "default":
+    if name == "default":  # what the service runs with no queue file: las-share since issue 34
         return Policy(nodes)
     if name in ("las", "las+cohorts"):
         return Policy(nodes, queues=queue_config(jobs, total_gpus, cohorts=name == "las+cohorts"))

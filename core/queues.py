@@ -18,15 +18,19 @@ mean for scheduling is in docs/scheduler.md ("Queues, LAS and fair share"). No t
 a queue without it, or one the file does not list, takes every team (so files from before
 teams keep working), and admins submit anywhere.
 
-A queue's `order` is `fifo` (the default), `las` or `las-share` (LAS tuned by issue 34: its
-own `las:` defaults, `LAS_SHARE_DEFAULTS`, filled in here where the file leaves them out, and
-`policy.las.LAS_SHARE_TUNING`). One `las:` block serves every LAS queue, so one file does not
-mix `las` and `las-share` queues.
+A queue's `order` is `las-share` (the default), `las` or `fifo`. `las-share` is LAS tuned by
+issue 34: its own `las:` defaults, `LAS_SHARE_DEFAULTS`, filled in here where the file leaves
+them out, and `policy.las.LAS_SHARE_TUNING`. The file's own `order` is that of every queue it
+does not list and of each listed queue that names none; left out, it is `las-share`, or `las`
+in a file whose queues name `las` (one `las:` block serves every LAS queue, so one file does
+not mix `las` and `las-share`). Validation writes the orders it implies into the config, so the
+stored copy says what runs; with no file at all, every queue is `las-share` (`DEFAULT_QUEUES`).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -44,6 +48,8 @@ DEFAULT_THRESHOLDS_GPU_S = (3600.0, 36000.0)  # 1 and 10 GPU-hours: three LAS le
 # promotion at 16x the run so far; docs/scheduler.md). Its tuning is `policy.las.LAS_SHARE_TUNING`.
 LAS_SHARE_DEFAULTS = {"thresholds_gpu_s": (3600.0, 36000.0, 360000.0), "starve_factor": 16.0}
 LAS_ORDERS = ("las", "las-share")  # one `las:` block and one LAS serve them, so a file uses one
+DEFAULT_ORDER = "las-share"  # issue 34: it meets every target on the Philly VCs (docs/scheduler.md)
+Order = Literal["fifo", "las", "las-share"]
 
 
 class LasSettings(Section):
@@ -63,18 +69,21 @@ class QueueSettings(Section):
     cohort: str | None = None
     nominal: dict[str, Amount] = Field(default_factory=dict)
     borrowing_limit: dict[str, Amount] | None = None  # None: up to the whole cohort's unused quota
-    order: Literal["fifo", "las", "las-share"] = "fifo"
+    order: Order | None = None  # None: the file's `order` (filled in at validation)
     teams: list[str] | None = Field(None, max_length=MAX_TEAMS)  # None: every team may submit
 
 
 class QueueConfig(Section):
     cohorts: list[str] = Field(default_factory=list)
     queues: dict[str, QueueSettings] = Field(default_factory=dict)
+    order: Order | None = Field(
+        None, description="of the queues not listed and of those that name none (None: filled in)"
+    )
     las: LasSettings = Field(default_factory=LasSettings)
 
     @classmethod
     def from_quotas(cls, quotas: dict[str, dict[str, float]] | None) -> QueueConfig:
-        """`orchestrator up --quota q=GPU:4` flags as a config: hard caps, no cohort, FIFO."""
+        """`orchestrator up --quota q=GPU:4` flags as a config: hard caps, no cohort, the default order."""
         return validate_queue_config({"queues": {q: {"nominal": dict(v)} for q, v in (quotas or {}).items()}})
 
     def teams_of(self, queue: str) -> frozenset[str] | None:
@@ -85,16 +94,41 @@ class QueueConfig(Section):
             return None
         return frozenset(settings.teams)
 
-    def las_queues(self) -> set[str]:
-        return {name for name, queue in self.queues.items() if queue.order in LAS_ORDERS}
+    def order_of(self, queue: str) -> str:
+        """The order of any queue, listed or not (on a validated config: always set)."""
+        settings = self.queues.get(queue)
+        return settings.order if settings is not None and settings.order else self.order
+
+    def las_queues(self) -> QueueNames:
+        """The queues that LAS orders: listed ones with a LAS order and, when the file's order is
+        one, every queue it does not list (a queue's name is whatever its jobs say)."""
+        las = frozenset(name for name in self.queues if self.order_of(name) in LAS_ORDERS)
+        if self.order in LAS_ORDERS:
+            return QueueNames(frozenset(self.queues) - las, all_but=True)
+        return QueueNames(las)
 
     def las_share(self) -> bool:
         """Whether the LAS queues are `las-share` ones (validation keeps a file to one LAS order)."""
-        return any(queue.order == "las-share" for queue in self.queues.values())
+        orders = [self.order, *(queue.order for queue in self.queues.values())]
+        return "las-share" in orders
 
     def hard_caps(self) -> dict[str, dict[str, float]]:
         """Nominal quotas of the queues in no cohort: caps that nothing borrows or lends."""
         return {name: dict(q.nominal) for name, q in self.queues.items() if q.cohort is None and q.nominal}
+
+
+@dataclass(frozen=True)
+class QueueNames:
+    """A set of queue names that may be every name but some (`all_but`): `name in names`."""
+
+    names: frozenset[str]
+    all_but: bool = False
+
+    def __contains__(self, queue: object) -> bool:
+        return (queue in self.names) != self.all_but
+
+    def __bool__(self) -> bool:  # whether any name is in it
+        return self.all_but or bool(self.names)
 
 
 def validate_queue_config(raw: Any, source: str = "queue config") -> QueueConfig:
@@ -105,8 +139,9 @@ def validate_queue_config(raw: Any, source: str = "queue config") -> QueueConfig
         config = QueueConfig.model_validate(raw)
     except ValidationError as err:
         raise SpecError(format_errors(err, raw, root=QueueConfig), source) from None
+    problems = _order_problems(config)  # on the orders as written: what fills in cannot clash
     config = _with_order_defaults(config)
-    problems = _reference_problems(config)
+    problems += _reference_problems(config)
     if problems:
         raise SpecError(problems, source)
     return config
@@ -118,8 +153,18 @@ def load_queue_config(path: str | Path) -> QueueConfig:
 
 
 def _with_order_defaults(config: QueueConfig) -> QueueConfig:
-    """`las-share`'s `las:` values where the file does not set them, written into the config:
-    the service stores it as a full dump and validates that again, so they must not be implied."""
+    """Every order the file implies, and `las-share`'s `las:` values where it does not set them,
+    written into the config: the service stores it as a full dump and validates that again, and
+    `queues show` prints it, so they must not be implied."""
+    order = config.order
+    if order is None:  # a file that names `las` keeps it for the rest (las-share would clash)
+        named = {queue.order for queue in config.queues.values()}
+        order = "las" if "las" in named else DEFAULT_ORDER
+    queues = {
+        name: queue if queue.order else queue.model_copy(update={"order": order})
+        for name, queue in config.queues.items()
+    }
+    config = config.model_copy(update={"order": order, "queues": queues})
     if not config.las_share():
         return config
     given = config.las.model_dump(include=config.las.model_fields_set)
@@ -157,7 +202,6 @@ def _reference_problems(config: QueueConfig) -> list[str]:
         if queue.cohort is not None and not queue.nominal:
             problems.append(f"{where}.nominal: a queue in a cohort needs a nominal quota (0 is allowed)")
         problems += _team_problems(f"{where}.teams", queue.teams)
-    problems += _order_problems(config)
     thresholds = config.las.thresholds_gpu_s
     if any(a >= b for a, b in zip(thresholds, thresholds[1:])):
         problems.append(f"las.thresholds_gpu_s: must be ascending without repeats (got {thresholds})")
@@ -165,15 +209,22 @@ def _reference_problems(config: QueueConfig) -> list[str]:
 
 
 def _order_problems(config: QueueConfig) -> list[str]:
-    """One LAS serves every LAS queue of a file, with one tuning: `las` and `las-share` don't mix."""
-    first = {}  # order -> its first queue
+    """One LAS serves every LAS queue of a file, with one tuning: `las` and `las-share` don't mix
+    (the file's own `order` counts as one more queue's)."""
+    first = {}  # order -> the queue that first names it (None: the file's own `order`)
+    if config.order:
+        first[config.order] = None
     for name, queue in sorted(config.queues.items()):
-        first.setdefault(queue.order, name)
+        if queue.order:
+            first.setdefault(queue.order, name)
     if not all(order in first for order in LAS_ORDERS):
         return []
+    share, las = first["las-share"], first["las"]
+    where = "order" if share is None else f"queues.{share}.order"
+    named = "the file's order" if las is None else f"queue {short(las)}"
     return [
-        f"queues.{first['las-share']}.order: las-share cannot be mixed with las in one file"
-        f" (queue {short(first['las'])} is las); give every LAS queue the same order"
+        f"{where}: las-share cannot be mixed with las in one file ({named} is las);"
+        " give every LAS queue the same order"
     ]
 
 
@@ -194,3 +245,6 @@ def _team_problems(where: str, teams: list[str] | None) -> list[str]:
 
 
 _NAME_RULE = "lowercase letters, digits, '-', '_' or '.', starting with a letter or digit"
+
+
+DEFAULT_QUEUES = validate_queue_config({})  # no queue file: every queue has the default order

@@ -1,5 +1,6 @@
 """The queue configuration on the live service (tests/conftest.py's 3-node cluster, one `slot`
-per node): least attained service preempts a long job for a short one of its queue, a lender
+per node): least attained service (the default order, `las-share`, of a queue that names
+none) preempts a long job for a short one of its queue, a lender
 takes its nominal quota back from a borrower, and a bad file changes nothing. Every
 preemption is the zero-loss one: the victim checkpoints, goes back to the queue and resumes
 from exactly that step. Quotas are in the cluster's resource names, so the files use `slot`;
@@ -50,11 +51,13 @@ def preempted_once_without_loss(job: dict, victim_for: str) -> dict:
 
 @pytest.mark.timeout(600)
 def test_las_preempts_a_long_job_for_a_short_one_and_neither_loses_a_step(service, queues):
-    # thresholds in worker-seconds: a 2-worker job passes 10 after 5 s of its attempt
-    applied = queues("queues:\n  lab: {order: las}\nlas: {thresholds_gpu_s: [10], min_run_s: 3}\n")
+    # a queue that names no order has the default, las-share (with no queue file too; here the
+    # file only shortens the levels): thresholds in worker-seconds, a 2-worker job passes 10
+    # after 5 s of its attempt
+    applied = queues("queues:\n  lab: {}\nlas: {thresholds_gpu_s: [10], min_run_s: 3}\n")
     assert applied.returncode == 0, applied.stdout + applied.stderr
-    assert "queue lab (las): no quota" in show(service)
-    # neither is preemptible: order `las` is the queue's consent to LAS preemption
+    assert "queue lab: no quota" in show(service) and "order: las-share" in show(service)
+    # neither is preemptible: a LAS order (the default one included) is the queue's consent
     name = service.paced("las-long")  # still training when the short job comes
     long = service.submit("scheduling.queue=lab", name=name, steps=600)
     service.wait(long, lambda j: j["state"] == "running" and j["step"] >= 50, what="progress")

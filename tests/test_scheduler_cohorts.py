@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.queues import QueueConfig, load_queue_config, validate_queue_config
+from core.queues import DEFAULT_QUEUES, QueueConfig, load_queue_config, validate_queue_config
 from core.spec.errors import SpecError
 from orchestrator.policy import Allocation, JobRequest, Node, Policy
 from orchestrator.policy.cohorts import CohortBook
@@ -152,6 +152,15 @@ def test_a_queue_without_cohort_is_a_hard_cap_like_quotas():
             {"queues": {"a": {"order": "las-share"}, "b": {"order": "las"}}},
             "queues.a.order: las-share cannot be mixed with las in one file (queue 'b' is las)",
         ),
+        (
+            {"order": "las-share", "queues": {"b": {"order": "las"}}},
+            "order: las-share cannot be mixed with las in one file (queue 'b' is las)",
+        ),
+        (
+            {"order": "las", "queues": {"a": {"order": "las-share"}}},
+            "queues.a.order: las-share cannot be mixed with las in one file (the file's order is las)",
+        ),
+        ({"order": "lifo"}, "order: 'lifo' is not allowed; expected 'fifo', 'las' or 'las-share'"),
         ({"las": {"thresholds_gpu_s": [10, 5]}}, "las.thresholds_gpu_s: must be ascending"),
         ({"las": {"min_run_s": -1}}, "las.min_run_s: -1 is out of range; allowed: >= 0"),
         (
@@ -190,9 +199,9 @@ def test_teams_say_who_may_submit_and_a_file_without_them_admits_every_team(tmp_
 
 def test_order_las_share_validates_with_its_own_las_defaults_where_the_file_sets_none():
     share = validate_queue_config(
-        {"queues": {"a": {"order": "las-share"}, "b": {}}, "las": {"min_run_s": 60}}
+        {"queues": {"a": {"order": "las-share"}, "b": {"order": "fifo"}}, "las": {"min_run_s": 60}}
     )
-    assert share.las_queues() == {"a"} and share.las_share()
+    assert "a" in share.las_queues() and "b" not in share.las_queues() and share.las_share()
     las = share.las  # las-share's thresholds and starve factor, the file's minimum run
     assert (las.thresholds_gpu_s, las.starve_factor, las.min_run_s) == ([3600, 36000, 360000], 16, 60)
     assert validate_queue_config(share.model_dump(mode="json")) == share  # as the service stores it
@@ -205,6 +214,31 @@ def test_order_las_share_validates_with_its_own_las_defaults_where_the_file_sets
     )
 
 
+def test_a_queue_that_names_no_order_has_the_file_s_order_and_that_is_las_share_by_default():
+    """The default order is `las-share`: for queues a file does not list, those that name no
+    order, and with no file at all; `order: fifo` chooses FIFO. The implied orders are written
+    into the config, so the stored copy (and `queues show`) says what runs."""
+    given = validate_queue_config({"queues": {"a": {}, "f": {"order": "fifo"}}})
+    assert [given.order_of(q) for q in ("a", "f", "unlisted")] == ["las-share", "fifo", "las-share"]
+    names = given.las_queues()
+    assert "a" in names and "unlisted" in names and "f" not in names
+    assert given.las.thresholds_gpu_s == [3600, 36000, 360000]  # las-share's own `las:` defaults
+    stored = given.model_dump(mode="json")
+    assert stored["order"] == "las-share" and stored["queues"]["a"]["order"] == "las-share"
+    assert validate_queue_config(stored) == given
+    assert DEFAULT_QUEUES.order_of("anything") == "las-share" and DEFAULT_QUEUES.las_share()
+    fifo = validate_queue_config({"order": "fifo", "queues": {"a": {}, "l": {"order": "las-share"}}})
+    assert [fifo.order_of(q) for q in ("a", "l", "unlisted")] == ["fifo", "las-share", "fifo"]
+    assert "unlisted" not in fifo.las_queues() and "l" in fifo.las_queues()
+    assert not validate_queue_config({"order": "fifo"}).las_queues()  # FIFO everywhere: no LAS
+    # a file that names `las` keeps it for the rest: one `las:` block, one LAS order per file
+    las = validate_queue_config({"queues": {"a": {"order": "las"}, "b": {}}})
+    assert [las.order_of(q) for q in ("a", "b", "unlisted")] == ["las", "las", "las"]
+    assert las.las.thresholds_gpu_s == [3600, 36000] and not las.las_share()
+    # --quota caps: hard caps, in the default order
+    assert QueueConfig.from_quotas({"batch": {"GPU": 2}}).order_of("batch") == "las-share"
+
+
 def test_load_queue_config_reads_a_file(tmp_path):
     good = tmp_path / "queues.yaml"
     good.write_text(
@@ -213,9 +247,8 @@ def test_load_queue_config_reads_a_file(tmp_path):
         "  team-b: {cohort: research, nominal: {GPU: 8}, order: las}\n"
     )
     loaded = load_queue_config(good)
-    assert loaded.las_queues() == {"team-a", "team-b"} and loaded.queues["team-a"].borrowing_limit == {
-        "GPU": 8
-    }
+    assert loaded.order_of("team-a") == loaded.order_of("team-b") == "las"
+    assert loaded.queues["team-a"].borrowing_limit == {"GPU": 8}
     bad = tmp_path / "bad.yaml"
     bad.write_text("queues:\n  team-a: {nominal: {GPU: 8}, cohort: nowhere}\n")
     with pytest.raises(SpecError, match=r"bad.yaml: queues.team-a.cohort: unknown cohort 'nowhere'"):

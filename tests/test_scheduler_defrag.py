@@ -9,11 +9,15 @@ import math
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from core.queues import validate_queue_config
 from orchestrator.policy import Allocation, JobRequest, Node, Policy, free_capacity, place
 from orchestrator.policy.defrag import fragmented, plan_moves
 from orchestrator.policy.room import released, take
 
 HOUR = 3600.0
+# moves act only where no other reason to preempt does: under LAS (the default order) the head
+# of these passes, with no service yet, would preempt the jobs that have run an hour instead
+FIFO = validate_queue_config({"order": "fifo"})
 
 
 def gpus(
@@ -47,12 +51,12 @@ def test_a_head_blocked_only_by_spread_room_moves_the_cheapest_node_s_jobs():
     assert fragmented(gpus("big", 8), free)
     assert plan_moves(gpus("big", 8), running, free, now=HOUR) == ["a"]  # ties: the first node
 
-    decision = Policy(cluster).schedule(HOUR, [gpus("big", 8)], running)
+    decision = Policy(cluster, queues=FIFO).schedule(HOUR, [gpus("big", 8)], running)
     assert decision.preempt == ["a"] and decision.reserved_for == "big" and decision.admit == []
     assert decision.moving  # the service's history says the job moves, not that it lost its place
     assert "moving 1 job(s) to other nodes" in decision.notes["big"]
     # once `a` has stopped, the next pass starts the head on n0 and `a` again on n1
-    after = Policy(cluster).schedule(HOUR + 60, [gpus("big", 8), gpus("a", 4)], [running[1]])
+    after = Policy(cluster, queues=FIFO).schedule(HOUR + 60, [gpus("big", 8), gpus("a", 4)], [running[1]])
     assert sorted(after.admit) == [("a", {"n1": 1}), ("big", {"n0": 1})]
 
 
@@ -67,7 +71,7 @@ def test_jobs_move_only_when_they_consent_and_have_run_long_enough():
     assert plan_moves(head, starting, free_capacity(cluster, starting), now=HOUR) is None
     pinned = [on("a", "n0", 4, preemptible=False), on("b", "n1", 4, priority=2)]
     assert plan_moves(head, pinned, free_capacity(cluster, pinned), now=HOUR) is None
-    policy = Policy(cluster, move_after_s=math.inf)  # off (a head of priority 1 would preempt them)
+    policy = Policy(cluster, move_after_s=math.inf, queues=FIFO)  # off (a head of priority 1 would preempt)
     assert policy.schedule(HOUR, [gpus("big", 8)], [on("a", "n0", 4), on("b", "n1", 4)]).preempt == []
 
 
@@ -79,9 +83,9 @@ def test_no_move_when_a_moved_job_would_not_fit_again():
     free = free_capacity(cluster, running)
     assert fragmented(gpus("h", 2), free)
     assert plan_moves(gpus("h", 2), running, free, now=HOUR) is None
-    decision = Policy(cluster).schedule(HOUR, [gpus("h", 2)], running)
+    decision = Policy(cluster, queues=FIFO).schedule(HOUR, [gpus("h", 2)], running)
     assert decision.preempt == [] and "spread over nodes" in decision.notes["h"]
-    lower = Policy(cluster).schedule(HOUR, [gpus("h", 8, priority=1)], running)
+    lower = Policy(cluster, queues=FIFO).schedule(HOUR, [gpus("h", 8, priority=1)], running)
     assert lower.preempt and not lower.moving  # preempted for a higher priority: not a move
 
 

@@ -29,6 +29,7 @@ from orchestrator.policy.elastic import requeued
 from orchestrator.policy.preemption import choose_shrinks, shrunk_placement
 from tests.test_scheduler_policy import (
     ACCEL,
+    FIFO,
     SimJob,
     admitted,
     allocations_on,
@@ -383,8 +384,9 @@ def test_no_grow_while_a_job_waits_or_stops():
     assert decision.resize == {"v": 3}
 
 
-def test_jobs_that_can_never_start_or_wait_for_their_quota_do_not_stop_a_grow():
-    policy = Policy(nodes_of(4, 4), quotas={"q": {"accel": 2}}, grow_after_s=0)
+@pytest.mark.parametrize("queues", [None, FIFO], ids=["las-share", "fifo"])
+def test_jobs_that_can_never_start_or_wait_for_their_quota_do_not_stop_a_grow(queues):
+    policy = Policy(nodes_of(4, 4), quotas={"q": {"accel": 2}}, grow_after_s=0, queues=queues)
     busy = [holding("v", {"n0": 2}, sizes=(4, 2)), holding("inq", {"n1": 2}, queue="q")]
     too_big = job("too-big", accel=5)  # larger than any node
     over_quota = job("over", workers=1, queue="q")  # its queue holds 2 of 2
@@ -392,7 +394,8 @@ def test_jobs_that_can_never_start_or_wait_for_their_quota_do_not_stop_a_grow():
     assert "cannot start" in decision.notes["too-big"] and "quota" in decision.notes["over"]
     assert decision.resize == {"v": 4}
     # but a job of the waiting job's queue does not grow: the quota goes to the waiting job first
-    policy = Policy(nodes_of(4, 4), quotas={"q": {"accel": 3}}, grow_after_s=0)
+    # (in a LAS queue too, where later jobs may pass it)
+    policy = Policy(nodes_of(4, 4), quotas={"q": {"accel": 3}}, grow_after_s=0, queues=queues)
     busy = [holding("vq", {"n0": 1}, sizes=(2, 1), queue="q"), holding("r", {"n1": 1}, queue="q")]
     assert policy.schedule(1000, [], busy).resize == {"vq": 2}  # 3 of 3 once grown
     decision = policy.schedule(1000, [job("over", workers=2, queue="q")], busy)

@@ -1,7 +1,7 @@
 """Least attained service (orchestrator/policy/las.py) through `Policy(queues=...)`: order,
-demotion, promotion of starving jobs, minimum run time, the default left unchanged, and the
-tuned order `las-share` (victims in reverse queue order, the top level's share), also as the
-queue file's `order: las-share`."""
+demotion, promotion of starving jobs, minimum run time, and the tuned order `las-share`
+(victims in reverse queue order, the top level's share), also as the queue file's
+`order: las-share` and as the default order of every queue."""
 
 from __future__ import annotations
 
@@ -142,11 +142,18 @@ def test_a_starving_job_is_promoted_to_level_zero():
     assert las.promoted_at(never_ran) == 4 * HOUR
 
 
-def test_default_policy_ignores_las_fields():
-    plain = Policy(nodes(1, 1.0))
+def test_the_default_order_is_las_share_and_fifo_ignores_las_fields():
+    """With no queue file every queue is `las-share`: the job with the least service goes
+    first and may preempt; a FIFO order (`order: fifo`) keeps the level's submission order."""
     held = [running("long", started=0.0, attained=50 * HOUR)]
     jobs = [job("a", submitted=0.0, attained=50 * HOUR), job("b", submitted=1.0)]
-    decision = plain.schedule(10 * HOUR, jobs, held)
+    default = Policy(nodes(1, 1.0))
+    assert default.las.tuning == LAS_SHARE_TUNING
+    assert default.las.thresholds == LAS_SHARE_SETTINGS.thresholds_gpu_s
+    decision = default.schedule(10 * HOUR, jobs, held)
+    assert decision.preempt == ["long"] and decision.reserved_for == "b"  # level 0 against level 2
+    fifo = Policy(nodes(1, 1.0), queues=validate_queue_config({"order": "fifo"}))
+    decision = fifo.schedule(10 * HOUR, jobs, held)
     assert decision.preempt == [] and decision.head == "a" and decision.wake_at is None
 
 
@@ -212,11 +219,12 @@ SHARE = validate_queue_config({"queues": {"lq": {"order": "las-share"}, "fq": {"
 
 def test_a_las_share_queue_gets_the_tuning_and_its_settings_and_las_queues_do_not():
     las = las_of(SHARE)
-    assert las.tuning == LAS_SHARE_TUNING and las.queues == {"lq"}
+    assert las.tuning == LAS_SHARE_TUNING and "lq" in las.queues and "fq" not in las.queues
+    assert "unlisted" in las.queues  # the file's order, las-share by default
     assert las.thresholds == LAS_SHARE_SETTINGS.thresholds_gpu_s and las.starve_factor == 16
     assert las_of(CONFIG).tuning == LasTuning()  # `las` stays plain
     assert las_of(SHARE, BY_SUBMISSION).tuning == BY_SUBMISSION  # an explicit tuning wins
-    assert las_of(validate_queue_config({"queues": {"fq": {}}})) is None
+    assert las_of(validate_queue_config({"order": "fifo", "queues": {"fq": {}}})) is None
 
 
 def test_a_las_share_queue_takes_the_latest_submitted_and_keeps_the_oldest_long_job():

@@ -46,6 +46,8 @@ from orchestrator.policy.room import View, shape_of
 
 ROOT = Path(__file__).resolve().parents[1]
 EPS = 1e-6
+# strict FIFO within a priority level, for the tests about it (every queue's default is las-share)
+FIFO = validate_queue_config({"order": "fifo"})
 
 
 def job(
@@ -295,7 +297,7 @@ def test_higher_priority_starts_first():
 
 
 def test_fifo_within_a_priority_level():
-    policy = Policy(nodes_of(2))
+    policy = Policy(nodes_of(2), queues=FIFO)
     jobs = [job("second", workers=2, submitted_at=2), job("first", workers=2, submitted_at=1)]
     assert admitted(policy.schedule(5, jobs, [])) == ["first"]
 
@@ -326,7 +328,7 @@ def test_backfill_beside_the_head_reservation_may_run_long():
 
 
 def test_unknown_runtime_jobs_backfill_only_when_preemptible_by_the_head():
-    policy = Policy(nodes_of(4))
+    policy = Policy(nodes_of(4), queues=FIFO)  # (LAS lets a job of the head's level pass it)
     busy = [running("r", {"n0": 2}, est_end=100)]
     head = job("head", workers=4, priority=1)
     blind = job("blind", workers=1, submitted_at=1)  # no estimate, not preemptible
@@ -360,7 +362,7 @@ def test_backfill_window_bounds_how_far_the_pass_looks():
 
 
 def test_quota_limits_a_queue_and_does_not_hold_up_others():
-    policy = Policy(nodes_of(8), quotas={"research": {"accel": 3}})
+    policy = Policy(nodes_of(8), quotas={"research": {"accel": 3}}, queues=FIFO)  # a FIFO queue waits
     busy = [running("r", {"n0": 2}, queue="research")]
     jobs = [
         job("r-big", workers=2, queue="research", submitted_at=1),
@@ -374,7 +376,7 @@ def test_quota_limits_a_queue_and_does_not_hold_up_others():
 
 
 def test_the_head_keeps_its_share_of_its_queue_quota():
-    policy = Policy(nodes_of(4), quotas={"q": {"accel": 3}})
+    policy = Policy(nodes_of(4), quotas={"q": {"accel": 3}}, queues=FIFO)  # (a LAS head keeps none)
     busy = [running("r", {"n0": 2}, queue="other", est_end=100)]
     head = job("head", workers=3, queue="q", priority=1)  # fits its quota, waits for resources
     same_queue = job("mine", workers=1, queue="q", est=10_000, submitted_at=1)
@@ -812,13 +814,13 @@ def _may_stop(policy, now, head, allocation, moving) -> bool:
             and allocation.priority <= head.priority
             and now - allocation.started_at >= policy.move_after_s
         )
+    las = policy.las is not None and policy.las.eligible(head, now)
+    if las and las(allocation):
+        return True  # LAS: its own queue and priority, more served, past its minimum run time
     config = policy.queue_config
     if config is None:
         return False
     queue = config.queues.get(head.queue)
-    las = policy.las is not None and policy.las.eligible(head, now)
-    if las and las(allocation):
-        return True  # LAS: its own queue and priority, more served, past its minimum run time
     # reclaim: a borrower of the head's cohort, from another queue
     mine, theirs = queue and queue.cohort, config.queues.get(allocation.queue)
     return bool(mine) and theirs is not None and theirs.cohort == mine and allocation.queue != head.queue
@@ -891,31 +893,37 @@ def check_decision(policy, capacity, quotas, now, pending, running_now, decision
             waiting = [r for r in pending if r.id not in ids and fifo_key(r) < fifo_key(by_id[job_id])]
             assert not waiting, f"{job_id} started before {waiting[0].id} under FIFO"
         return
-    if policy.queue_config is not None:
-        return  # LAS and lenders-first reorder a priority level (test_scheduler_las, _cohorts)
-    # priority: a job starts ahead of a waiting job earlier in the queue order only by backfill
+    if policy.cohorts:
+        return  # lenders-first reorders a priority level, cohort quotas hold jobs (test_scheduler_cohorts)
+    # a job starts ahead of a waiting job earlier in the pass's order (priority, then FIFO or the
+    # LAS order within a level) only by backfill, or by LAS' passing within a level
+    las = policy.las
+    order = las.order(pending, running_now, now) if las is not None else sorted(pending, key=queue_key)
+    rank = {request.id: position for position, request in enumerate(order)}
     head = by_id.get(decision.head) if decision.head else None
     for job_id in ids:
         started = by_id[job_id]
         for waiting in pending:
-            if waiting.id in ids or queue_key(waiting) >= queue_key(started):
+            if waiting.id in ids or rank[waiting.id] >= rank[started.id]:
                 continue
-            if not book.allows(smallest(waiting)) or _queue_blocked(waiting, pending, ids, book):
+            if not book.allows(smallest(waiting)) or _queue_blocked(waiting, pending, ids, book, rank):
                 continue  # held by its queue's quota, which never holds up other queues
             assert policy.backfill, f"{job_id} passed {waiting.id} without backfill"
-            assert head is not None and queue_key(head) <= queue_key(waiting)
-            may_backfill = started.est_runtime_s is not None or (
-                started.preemptible and policy.preemption and started.priority < head.priority
+            assert head is not None and rank[head.id] <= rank[waiting.id]
+            may_backfill = (
+                started.est_runtime_s is not None
+                or (started.preemptible and policy.preemption and started.priority < head.priority)
+                or (las is not None and las.may_pass(started, head, now))
             )
             assert may_backfill, f"{job_id} (no estimate, not preemptible by {head.id}) passed {waiting.id}"
 
 
-def _queue_blocked(waiting, pending, ids, book) -> bool:
+def _queue_blocked(waiting, pending, ids, book, rank) -> bool:
     """An earlier job of the same queue is over the quota, so the queue waits behind it."""
     return any(
         other.queue == waiting.queue
         and other.id not in ids
-        and queue_key(other) < queue_key(waiting)
+        and rank[other.id] < rank[waiting.id]
         and not book.allows(smallest(other))
         for other in pending
     )
@@ -958,6 +966,7 @@ policies = st.builds(
     backfill_window=st.sampled_from([0, 1, 3, 6, 100]),
     quotas=st.none() | st.builds(lambda a: {"research": {ACCEL: float(a)}}, st.integers(1, 6)),
     move_after_s=st.sampled_from([0.0, 3.0, math.inf]),
+    queues=st.sampled_from([None, FIFO]),  # the default order (las-share), or strict FIFO
 )
 # equal nodes with room for several jobs each: where free room ends up spread over nodes
 even_clusters = st.integers(2, 4).map(lambda n: [Node(f"n{i}", {ACCEL: 4.0, "cpu": 6.0}) for i in range(n)])
@@ -1073,7 +1082,8 @@ def test_backfill_never_delays_the_head(workload, window):
         if decision.head is not None and decision.head_start is not None:
             promised.setdefault(decision.head, decision.head_start)
 
-    sims = simulate_cluster(nodes, jobs, Policy(nodes, preemption=False, backfill_window=window), remember)
+    policy = Policy(nodes, preemption=False, backfill_window=window, queues=FIFO)  # LAS passes heads
+    sims = simulate_cluster(nodes, jobs, policy, remember)
     for job_id, start in promised.items():
         assert sims[job_id].first_start <= start + EPS, f"{job_id} was promised t={start}"
 

@@ -72,7 +72,9 @@ def test_jobs_that_do_not_fit_together_run_one_after_the_other(service, tmp_path
     assert f"[{second}] succeeded: 30 steps, " in waited.stdout
     assert json.loads(summary.read_text())["steps"] == 30
     a, b = service.done(first), service.done(second)
-    # all or nothing: b was admitted only once a had finished and released its slots
+    # all or nothing: b was admitted only once a had finished and released its slots (in
+    # submission order under the default order, las-share, too: both stay at LAS level 0, under
+    # 3600 worker-seconds, and b never fits beside a)
     assert when(b, "admitted") >= when(a, "succeeded")
     assert events(a).count("admitted") == events(b).count("admitted") == 1
     assert a["step"] == b["step"] == 30

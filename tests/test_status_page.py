@@ -23,6 +23,7 @@ import prometheus_client
 import pytest
 
 from core.ledger import BUCKETS, LOST, STALLED, STOPPING, Goodput, Ledger, cluster_goodput
+from core.queues import DEFAULT_ORDER
 from orchestrator.commands.queue import queue_lines
 from orchestrator.monitoring import web
 from orchestrator.monitoring.queue_query import MAX_LIMIT, SEARCHED, QueueQuery
@@ -1433,9 +1434,10 @@ def line_from_page(row: dict) -> str:
     """`queue_lines`'s line for a queue, rebuilt from the page's row: the CLI's words around
     the numbers the page shows."""
     where = {"hard cap": "cap", "—": ""}.get(row["cohort"], f"cohort {row['cohort']}")
-    kind = ", ".join(filter(None, [where, row["order"] if row["order"] != "fifo" else ""]))
+    kind = ", ".join(filter(None, [where, row["order"] if row["order"] != DEFAULT_ORDER else ""]))
     use = ", ".join(f"{u['value'].replace(' / ', '/')} {u['resource']}" for u in row["use"]) or row["useText"]
-    return f"queue {row['name']} ({kind}): {use}" + (f"; {', '.join(row['extra'])}" if row["extra"] else "")
+    head = f"queue {row['name']} ({kind})" if kind else f"queue {row['name']}"
+    return f"{head}: {use}" + (f"; {', '.join(row['extra'])}" if row["extra"] else "")
 
 
 def queues_panel_shown(browser) -> bool:

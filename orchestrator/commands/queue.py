@@ -13,6 +13,7 @@ import time
 import urllib.parse
 
 from core.jobs import PENDING_VALUES
+from core.queues import DEFAULT_ORDER
 from orchestrator.commands import text_table
 from orchestrator.commands.options import add_address, with_cluster_errors
 from orchestrator.commands.queue_views import duration_text, read_queue, workers_text
@@ -137,17 +138,18 @@ def cluster_line(info: dict) -> str:
 
 def queue_lines(queues: dict | None) -> list[str]:
     """A line per configured queue (`orchestrator queues apply`): its use against its nominal
-    quota, and what it borrows or lends within its cohort."""
+    quota, what it borrows or lends within its cohort, and its order unless it is the default."""
     if not queues:
         return []
     lines = []
     for name, q in sorted(queues["use"].items()):
         where = f"cohort {q['cohort']}" if q["cohort"] else "cap" if q["nominal"] else ""
-        kind = ", ".join(filter(None, [where, q["order"] if q["order"] != "fifo" else ""]))
+        kind = ", ".join(filter(None, [where, q["order"] if q["order"] != DEFAULT_ORDER else ""]))
         use = ", ".join(f"{q['used'][r]:g}/{n:g} {r}" for r, n in q["nominal"].items()) or "no quota"
         extra = [f"borrows {v:g} {r}" for r, v in q["borrowed"].items() if v > 0]
         extra += [f"lends {v:g} {r}" for r, v in q["lent"].items() if v > 0]
-        lines.append(f"queue {name} ({kind}): {use}" + (f"; {', '.join(extra)}" if extra else ""))
+        head = f"queue {name} ({kind})" if kind else f"queue {name}"
+        lines.append(f"{head}: {use}" + (f"; {', '.join(extra)}" if extra else ""))
     return lines
 
 

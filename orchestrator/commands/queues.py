@@ -1,6 +1,6 @@
 """`orchestrator queues apply FILE | --clear` and `orchestrator queues show`: the queue configuration.
 
-The file (queues, cohorts, nominal quotas, borrowing limits, order `las`; `core/queues.py`) is
+The file (queues, cohorts, nominal quotas, borrowing limits, orders; `core/queues.py`) is
 validated here, once, before anything is sent: a bad file is one line per problem, naming
 the field, exit status 2, and the running configuration stays as it was. The service gets
 the typed `QueueConfig`, swaps its policy and keeps the file's content in its store
@@ -22,7 +22,7 @@ def register(sub) -> None:
     verbs = queues.add_subparsers(dest="verb", metavar="VERB", required=True)
     apply = verbs.add_parser("apply", help="validate a queue configuration file and apply it")
     apply.add_argument("file", nargs="?", metavar="FILE", help="the queue configuration (YAML)")
-    apply.add_argument("--clear", action="store_true", help="remove the configuration: the default policy")
+    apply.add_argument("--clear", action="store_true", help="remove the configuration: every queue las-share")
     add_address(apply)
     apply.set_defaults(handler=with_cluster_errors(handle_apply))
     show = verbs.add_parser("show", help="the configuration applied and each queue's use")
@@ -46,7 +46,7 @@ def handle_apply(args) -> int:
     except client.Refused as err:
         raise client.Refused(f"queues apply: {err}") from None
     if view is None:
-        print("queue configuration removed: every queue is scheduled by the default policy")
+        print("queue configuration removed: every queue has the default order, las-share")
         return 0
     print(f"queue configuration applied: {len(view['use'])} queue(s)")
     for line in queue_lines(view):
@@ -65,7 +65,7 @@ def handle_show(args) -> int:
         print(json.dumps(view, indent=1, sort_keys=True))
         return 0
     if view is None:
-        print("no queue configuration: every queue is scheduled by the default policy")
+        print("no queue configuration: every queue has the default order, las-share")
         return 0
     print(yaml.safe_dump(view["config"], sort_keys=False).rstrip())
     print()

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from functools import total_ordering
 from typing import Literal
 
-from core.queues import LAS_SHARE_DEFAULTS, LasSettings, QueueConfig
+from core.queues import LAS_SHARE_DEFAULTS, LasSettings, QueueConfig, QueueNames
 from orchestrator.policy.types import Allocation, JobRequest
 
 
@@ -95,8 +95,9 @@ LAS_SHARE_TUNING = LasTuning(victims="latest-submitted", top_share=0.4)
 
 
 def las_of(config: QueueConfig, tuning: LasTuning | None = None) -> Las | None:
-    """The LAS of a queue config's LAS queues (None: it has none), tuned as `las-share` when its
-    queues are; an explicit `tuning` wins (the benchmarks try tunings the file cannot name)."""
+    """The LAS of a queue config's LAS queues (None: it has none; every queue it does not list
+    has its `order`), tuned as `las-share` when its queues are; an explicit `tuning` wins (the
+    benchmarks try tunings the file cannot name)."""
     queues = config.las_queues()
     if not queues:
         return None
@@ -132,12 +133,15 @@ def _submitted(allocation: Allocation) -> float:
 class Las:
     """LAS levels, order, victims and wake-up times for the `las` queues of one config."""
 
-    def __init__(self, settings: LasSettings, queues: Iterable[str], tuning: LasTuning | None = None) -> None:
+    def __init__(
+        self, settings: LasSettings, queues: Iterable[str] | QueueNames, tuning: LasTuning | None = None
+    ) -> None:
         self.thresholds = list(settings.thresholds_gpu_s)
         self.starve_after_s = settings.starve_after_s
         self.starve_factor = settings.starve_factor
         self.min_run_s = settings.min_run_s
-        self.queues = set(queues)
+        # `in` is all it asks; every queue but some when LAS is the default order
+        self.queues = queues if isinstance(queues, QueueNames) else frozenset(queues)
         self.tuning = tuning or LasTuning()
         # the top share's verdicts of the current pass (`begin_pass`; the policy runs one pass
         # at a time), as job ids

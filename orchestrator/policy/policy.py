@@ -5,22 +5,25 @@ configuration: the service calls it on every event (submission, a job ending, a 
 or going) and applies the `Decision`. One pass:
 
 1. Free capacity per node = capacity minus every running or stopping job's placement.
-2. Walk the pending jobs in queue order (priority, then age, then id). A job whose queue is at
-   its quota is skipped, and so is the rest of that queue (a quota never holds up other
-   queues, and a queue stays FIFO). Every job that fits as a gang starts, until the first one
-   that does not: the head. An elastic job starts at the largest of its sizes that fits now
+2. Walk the pending jobs in queue order: priority, then within a level the queue's order
+   (`las-share` by default, `las.py`; with `order: fifo`, age, then id). A job whose queue is
+   at its quota is skipped, and so is the rest of a FIFO queue (a quota never holds up other
+   queues, and a FIFO queue stays FIFO). Every job that fits as a gang starts, until the first
+   one that does not: the head. An elastic job starts at the largest of its sizes that fits now
    (and fits its queue's quota); only when none does, it is the head, at its smallest size.
 3. The head gets a reservation. If victims of an earlier pass are still stopping, and the head
    fits once they are gone, it waits for them (no new victims). Otherwise, with preemption on,
    lower-priority preemptible elastic jobs are shrunk when that lets it fit (`resize`), and
    only if shrinking cannot make room, lower-priority preemptible jobs are chosen as victims
-   when stopping them lets it fit (never some shrunk and others stopped for the same head).
+   when stopping them lets it fit (never some shrunk and others stopped for the same head);
+   failing that, the other reasons of `victims.py` (LAS within the head's level, reclaim, moves).
    Else its start is estimated EASY-backfill style: running jobs release their resources at
    their estimated ends, in order, until the head fits: that is its shadow time and placement.
 4. Backfill: the next `backfill_window` jobs may start ahead of the head only if they cannot
    delay it: a job with a runtime estimate that ends before the shadow time, or that fits
    beside the head's reserved placement; a job without an estimate only if it is preemptible
-   and of lower priority than the head (the head can take its resources back). Resources
+   and of lower priority than the head (the head can take its resources back), or, in LAS
+   queues, of the head's priority while the head is not starving (`las.may_pass`). Resources
    promised to a head waiting for victims are never given to anyone else, nor the room the
    elastic ones among them need to start again beside it. An elastic job tries its sizes
    largest first, each under these rules.
@@ -44,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from core.queues import QueueConfig
+from core.queues import DEFAULT_QUEUES, QueueConfig
 from orchestrator.policy.admission import (
     EPS,
     format_resources,
@@ -99,10 +102,11 @@ class Policy:
     make room for a head that free room spread too thin keeps waiting (`defrag.py`);
     `math.inf` turns moving off.
 
-    `queues`: the validated queue configuration (`core.queues.QueueConfig`), opt-in per queue:
-    order `las` (least attained service, `las.py`) and cohorts with borrowing and reclaim
-    (`cohorts.py`); a queue in no cohort with a nominal quota is a hard cap, like `quotas`.
-    Without it (or for queues it does not name) the policy is as described above.
+    `queues`: the validated queue configuration (`core.queues.QueueConfig`): each queue's
+    order (`las-share`, `las`: least attained service, `las.py`; or `fifo`) and cohorts with
+    borrowing and reclaim (`cohorts.py`); a queue in no cohort with a nominal quota is a hard
+    cap, like `quotas`. None: every queue has the default order, `las-share`
+    (`core.queues.DEFAULT_QUEUES`), and no cohort.
 
     `las_tuning`: LAS knobs the queue file does not carry (`las.LasTuning`); None: those of
     the file's LAS order (`las.LAS_SHARE_TUNING` for `las-share`, else plain LAS).
@@ -126,16 +130,15 @@ class Policy:
             raise ValueError(f"grow_after_s must be >= 0, got {grow_after_s}")
         self.quotas: dict[str, dict[str, float]] = {q: dict(limits) for q, limits in (quotas or {}).items()}
         self.queue_config = queues
-        self.las: Las | None = None
         self.cohorts = False  # whether any queue is in a cohort
         if queues is not None:
             both = sorted(self.quotas.keys() & queues.queues.keys())
             if both:
                 raise ValueError(f"queue(s) {', '.join(both)} have both a quota and a queue config entry")
             self.quotas.update(queues.hard_caps())
-            self.las = las_of(queues, las_tuning)
             self.cohorts = any(queue.cohort is not None for queue in queues.queues.values())
             self.cohort_layout = CohortLayout(queues)
+        self.las: Las | None = las_of(DEFAULT_QUEUES if queues is None else queues, las_tuning)
         self.backfill = backfill
         self.preemption = preemption
         self.backfill_window = backfill_window
@@ -227,6 +230,7 @@ class _Pass(Victims, Resizes):
         policy, decision = self.policy, self.decision
         running_ids = {allocation.job_id for allocation in self.running}
         queue_blocked_by: dict[str, str] = {}
+        quota_waits: set[str] = set()  # queues with a job waiting for quota: none of theirs grows
         examined = 0
         cohorts = self.cohorts
         if cohorts is not None:
@@ -261,6 +265,7 @@ class _Pass(Victims, Resizes):
                 else:
                     decision.notes[job.id] = blocked or cohorts.note(smallest, verdict)
                     self._block_queue(queue_blocked_by, job)
+                    quota_waits.add(job.queue)  # (a LAS queue is not blocked, but it waits too)
                 continue
             if len(sized) > 1:
                 sized = [item for item in sized if self._quota_allows(item[0])]
@@ -286,7 +291,7 @@ class _Pass(Victims, Resizes):
                     f"queued behind {ahead} job(s), next in line {head.id} (priority {head.priority}): {why}"
                 )
         if self.reservation is None:
-            self._grow(set(queue_blocked_by))
+            self._grow(quota_waits)
         if policy.las is not None:
             started = {job_id for job_id, _ in decision.admit}
             waiting = [job for job in ordered if job.id not in started and job.id not in running_ids]

@@ -512,7 +512,7 @@
       { "data-queue": name },
       h("td", { class: "name" }, name),
       cohortCell(q),
-      h("td", { class: "order", title: q.order === "las" ? "least attained service first" : "first in, first out" }, q.order || "fifo"),
+      h("td", { class: "order", title: q.order === "fifo" ? "first in, first out" : "least attained service first" }, q.order || "las-share"),
       h("td", { class: "use" }, h("div", { class: "quota-lines" }, quotaLines(q))),
       h("td", { class: "extra" + (extra.length ? "" : " faded") }, extra.length ? extra.map((line) => h("div", null, line)) : "—"),
       borrowingLimitCell(q, settings),
