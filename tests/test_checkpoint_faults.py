@@ -103,6 +103,29 @@ def test_pruning_never_touches_a_checkpoint_ahead_of_the_run(tmp_path):
     assert left["checkpoint"] == "checkpoint_00000020" and "ahead of step 15" in left["reason"]
 
 
+def test_a_save_still_being_written_when_an_older_one_prunes_is_not_left_in_the_summary(tmp_path):
+    """Asynchronous saves: the save of step 15 becomes durable, and prunes, while step 20's is
+    still being written (incomplete then). Once 20's is durable it is an ordinary checkpoint,
+    not a folder pruning left in place."""
+    from workers.checkpointer import Checkpointer
+    from workers.context import RunContext
+
+    run_dir = tmp_path / "convnet-digits"
+    train_here(tmp_path, "train.steps=20", "checkpoint.keep=3")
+    spec = load_spec(SPEC, [*COMMON, f"checkpoint.storage={tmp_path}", "checkpoint.keep=3"])
+    ctx = RunContext()
+    ctx.run_uri = str(run_dir)
+    checkpointer = Checkpointer(spec, ctx, None, model=None, optimizer=None, scheduler=None, scaler=None)
+    trainer_file = run_dir / "checkpoint_00000020" / "trainer.pt"
+    trainer_file.rename(trainer_file.with_suffix(".writing"))  # not written yet
+    checkpointer._durable(15, str(run_dir / "checkpoint_00000015"), 0.0)
+    assert [item["checkpoint"] for item in checkpointer.left_in_place()] == ["checkpoint_00000020"]
+    trainer_file.with_suffix(".writing").rename(trainer_file)  # its save is complete
+    checkpointer._durable(20, str(run_dir / "checkpoint_00000020"), 0.0)
+    assert checkpointer.left_in_place() == []
+    assert checkpoints(run_dir) == ["checkpoint_00000010", "checkpoint_00000015", "checkpoint_00000020"]
+
+
 @pytest.mark.timeout(300)
 def test_stray_folders_never_count_towards_keep_under_torchrun(tmp_path):
     run_dir = tmp_path / "convnet-digits"

@@ -206,7 +206,9 @@ class Checkpointer:
                     item["checkpoint"],
                     item["reason"],
                 )
-            self.left[item["checkpoint"]] = item["reason"]
+        # the newest look is the truth: a save still being written when an older one became
+        # durable (ahead of it, or incomplete then) is an ordinary checkpoint by now
+        self.left = {item["checkpoint"]: item["reason"] for item in left}
 
     # -- resuming ------------------------------------------------------------------------
 
