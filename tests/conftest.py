@@ -90,14 +90,15 @@ def pytest_collection_modifyitems(items):
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class OneClusterAtATime(LoadScopeScheduling):
+    class ClusterLanes(LoadScopeScheduling):
         """xdist's scope scheduling with one scope per lane of cluster tests, one per other test."""
 
         def _split_scope(self, nodeid: str) -> str:
             lane = _lane(nodeid.split("::")[0])
             return ("ray-clusters", nodeid, "ray-clusters-own")[lane]
 
-    return OneClusterAtATime(config, log)
+    config.option.loadscopereorder = False  # xdist puts the largest scopes first: keep the lanes' order
+    return ClusterLanes(config, log)
 
 
 _free_ports = free_ports  # the name other test modules import (the benches: tests/ray_cluster.py)
