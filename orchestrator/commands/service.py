@@ -201,8 +201,6 @@ def handle_up(args) -> int:
             except client.ServiceError as err:
                 raise UsageError(f"--queues {args.queues}: {err}") from None
         info = client.call(service.info, retries=30)
-        if not cluster.wait_for_jobs_agent():
-            print("note: Ray's job agent on the head is not up yet: `ray job submit` may ask to try again")
         scrape_token = client.call(service.scrape_token)  # a viewer's, for Prometheus
         ray_temp_dir = state.get("temp_dir") or cluster.connected_temp_dir()
     cluster.write_state(

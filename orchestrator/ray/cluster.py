@@ -148,28 +148,6 @@ def auth_message(where: str) -> str:
     return f"the Ray cluster at {where} requires an auth token and none was found; {TOKEN_HELP}"
 
 
-def wait_for_jobs_agent(timeout_s: float = 60.0) -> bool:
-    """Wait until the head's dashboard agent, which Ray's Jobs API submits through, has said
-    where it listens (on a busy machine it comes up tens of seconds after the head, and
-    `ray job submit` meanwhile fails with "No available agent"). Connected only; False when
-    it did not within `timeout_s`. The key is the one Ray's job head reads (no public API)."""
-    import time
-
-    import ray
-    from ray.experimental.internal_kv import _internal_kv_get
-
-    heads = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
-    if not heads:
-        return False
-    key = f"DASHBOARD_AGENT_ADDR_NODE_ID_PREFIX:{heads[0]}"
-    deadline = time.monotonic() + timeout_s
-    while not _internal_kv_get(key, namespace=b"dashboard"):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
-
-
 # --- the driver's connection ----------------------------------------------------------------
 
 
