@@ -41,16 +41,16 @@ def cli():
 
 # --- real Ray clusters (tests/ray_cluster.py): one per session, started like a user would --------
 
-# With `-n` (scripts/test.sh runs `-n auto`), the files whose tests start Ray clusters run on
-# one pytest-xdist worker, one test after the other, so that two clusters never share the
-# machine's cores; the other tests run on the other workers meanwhile, in the cores a cluster
-# leaves idle. A test that starts a cluster in a file not listed here is a collection error.
-# (Two lanes of cluster tests on two workers, tried on 2026-11-27: 32.4 minutes against 39, and
-# three tests failed their time bounds on the 2 cores they then shared. Tried again on
-# 2026-11-28 with the tests that start clusters of their own as a second lane, started once the
-# other tests were done: 23.9 and 25.9 minutes against 26.4 for one lane, and in both runs
-# `ray job submit` in tests/test_up.py was refused by Ray's Jobs API under the load ("No
-# available agent to submit job, please try again later"): one lane stays.)
+# With `-n` (scripts/test.sh runs `-n auto`), the files whose tests start Ray clusters run in
+# two lanes, each on one pytest-xdist worker, one test after the other. The lane of the
+# session's shared clusters starts first; the other tests run on the other worker meanwhile, and
+# when they are done that worker takes the lane of the tests that start a cluster of their own
+# (OWN_CLUSTER_FILES). Alone, the first lane used ~1.4 of the 2 cores in its last ~16 minutes.
+# tests/test_up.py stays in the first lane, last: on 2026-11-28, in the second lane beside the
+# first, Ray's Jobs API refused its `ray job submit` under the load in two runs of two ("No
+# available agent to submit job, please try again later"). (Two lanes from the start, tried on
+# 2026-11-27: three tests failed their time bounds on the 2 cores.) A test that starts a
+# cluster in a file not listed here is a collection error.
 CLUSTER_FILES = {
     "test_autoscaler.py",
     "test_checkpoint_faults.py",
@@ -66,7 +66,14 @@ CLUSTER_FILES = {
     "test_tenants_live.py",
     "test_up.py",
 }
+OWN_CLUSTER_FILES = {"test_autoscaler.py", "test_head_restart.py"}  # clusters of their own
 CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling"}  # session or module scope
+
+
+def _lane(path: str) -> int:
+    """0: the shared clusters' lane, 1: the other tests, 2: the own clusters' lane (last)."""
+    name = Path(path).name
+    return 2 if name in OWN_CLUSTER_FILES else 0 if name in CLUSTER_FILES else 1
 
 
 def pytest_collection_modifyitems(items):
@@ -77,19 +84,23 @@ def pytest_collection_modifyitems(items):
         starts_one = item.get_closest_marker("cluster") or any(s in ("session", "module") for s in shared)
         if starts_one and item.path.name not in CLUSTER_FILES:
             raise pytest.UsageError(f"{item.nodeid} starts a Ray cluster: add its file to CLUSTER_FILES")
+    # xdist hands out scopes in this order: the shared clusters' lane first, the own lane last;
+    # test_up.py ends the first lane, after the second lane is done
+    items.sort(key=lambda item: (_lane(str(item.path)), item.path.name == "test_up.py"))
 
 
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    class OneClusterAtATime(LoadScopeScheduling):
-        """xdist's scope scheduling with one scope for every cluster test, one per other test."""
+    class ClusterLanes(LoadScopeScheduling):
+        """xdist's scope scheduling with one scope per lane of cluster tests, one per other test."""
 
         def _split_scope(self, nodeid: str) -> str:
-            in_cluster_file = Path(nodeid.split("::")[0]).name in CLUSTER_FILES
-            return "ray-clusters" if in_cluster_file else nodeid
+            lane = _lane(nodeid.split("::")[0])
+            return ("ray-clusters", nodeid, "ray-clusters-own")[lane]
 
-    return OneClusterAtATime(config, log)
+    config.option.loadscopereorder = False  # xdist puts the largest scopes first: keep the lanes' order
+    return ClusterLanes(config, log)
 
 
 _free_ports = free_ports  # the name other test modules import (the benches: tests/ray_cluster.py)

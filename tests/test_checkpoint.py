@@ -110,7 +110,10 @@ def test_one_definition_of_a_complete_checkpoint(runs, tmp_path):
     uri, skipped = newest_valid(str(run_dir))
     assert uri == str(run_dir / "checkpoint_00000010")
     assert skipped == [
-        {"checkpoint": "checkpoint_00000020", "reason": incomplete_reason(uri.replace("10", "20"))}
+        {
+            "checkpoint": "checkpoint_00000020",
+            "reason": incomplete_reason(str(run_dir / "checkpoint_00000020")),
+        }
     ]
     (run_dir / "checkpoint_00000010" / "rng" / "rank_00001.pt").unlink()  # a rank never finished
     assert incomplete_reason(str(run_dir / "checkpoint_00000010")) == "missing rng/rank_00001.pt"

@@ -81,10 +81,12 @@ def test_compile_per_block_matches_eager(tmp_path, bf16, model, monkeypatch):
     trainer, summary, compiled = train(tmp_path, model, "precision.dtype=bf16", "precision.compile=true")
     assert all(block._compiled_call_impl is not None for block in trainer.model.blocks)
     assert max_rel(compiled, bf16[model]) <= COMPILE_TOL
-    # compilation happens in the first step: reported apart, and kept out of the step time
-    # (tracing costs far more than a steady step of this tiny model, whatever the machine)
-    assert summary["compile_s"] > 5 * summary["throughput"]["step_time_s"]
-    assert summary["throughput"]["first_step_s"] >= summary["compile_s"]
+    # compilation happens in the first step: reported apart, and kept out of the step time,
+    # which counts the steady steps only (no ratio of times: a loaded CI machine stretches both)
+    throughput = summary["throughput"]
+    assert throughput["steady_steps"] == STEPS - 1
+    assert summary["compile_s"] == pytest.approx(throughput["first_step_s"] - throughput["step_time_s"])
+    assert summary["compile_s"] > throughput["step_time_s"]  # tracing costs more than a step
 
 
 def test_convolutional_models_compile_as_a_whole_outside_fsdp2(monkeypatch):
