@@ -14,8 +14,10 @@ is the whole table, and a test walks every transition the service takes against 
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
-from core.spec import JobSpec
+if TYPE_CHECKING:  # clients that only read states need not load the spec's schema (pydantic)
+    from core.spec import JobSpec
 
 
 class JobState(str, enum.Enum):

@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
+from core.queue_orders import DEFAULT_ORDER, LAS_ORDERS
 from core.spec.errors import SpecError, format_errors, short, value_kind
 from core.spec.schema import NAME_PATTERN, Section
 from core.spec.yaml_reader import read_yaml
@@ -47,9 +48,7 @@ DEFAULT_THRESHOLDS_GPU_S = (3600.0, 36000.0)  # 1 and 10 GPU-hours: three LAS le
 # order `las-share`'s `las:` values where the file leaves them out (issue 34: four levels,
 # promotion at 16x the run so far; docs/scheduler.md). Its tuning is `policy.las.LAS_SHARE_TUNING`.
 LAS_SHARE_DEFAULTS = {"thresholds_gpu_s": (3600.0, 36000.0, 360000.0), "starve_factor": 16.0}
-LAS_ORDERS = ("las", "las-share")  # one `las:` block and one LAS serve them, so a file uses one
-DEFAULT_ORDER = "las-share"  # issue 34: it meets every target on the Philly VCs (docs/scheduler.md)
-Order = Literal["fifo", "las", "las-share"]
+Order = Literal["fifo", "las", "las-share"]  # core.queue_orders.ORDERS
 
 
 class LasSettings(Section):

@@ -213,3 +213,52 @@ def test_down_after_its_head_died_forgets_it_at_once(cli, tmp_path):
     assert f"cannot connect to the Ray cluster at '127.0.0.1:{port}': nothing answers there" in result.stdout
     assert "stopped the local Ray head (0 processes)" in result.stdout
     assert not (home / "cluster.json").exists() and not temp_dir.exists()
+
+
+def test_each_command_is_found_in_the_module_that_registers_it():
+    """`MODULE_OF` (which module a command's parser lives in) matches what the modules add."""
+    import argparse
+    import importlib
+
+    from orchestrator.cli import COMMANDS, MODULE_OF
+
+    registered = {}
+    for module in COMMANDS:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(f"orchestrator.commands.{module}").register(sub)
+        registered.update(dict.fromkeys(sub.choices, module))
+    assert registered == MODULE_OF
+
+
+def test_queue_and_status_load_neither_the_spec_schema_nor_pydantic(tmp_path):
+    """On a head whose cores training fills, every import costs a command seconds
+    (docs/scaling.md): the commands that only read the service import only what they use."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from orchestrator.cli import build_parser\n"
+        "for argv in (['queue'], ['status', 'some-job']):\n"
+        "    args = build_parser(argv[0]).parse_args(argv)\n"
+        "    assert callable(args.handler)\n"
+        "print(sorted(m for m in ('pydantic', 'core.spec', 'yaml', 'ray', 'torch') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_spec_error_is_one_line_and_exit_2_whichever_command_loads_the_spec(cli):
+    done = cli("submit", "jobs/vit.yaml", "--set", "train.steps=-1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    expected = "error: jobs/vit.yaml: train.steps: -1 is out of range; allowed: 1 to 1000000000"
+    assert done.stderr.strip() == expected
+
+
+def test_the_orders_clients_name_are_the_schemas():
+    import typing
+
+    from core.queue_orders import ORDERS
+    from core.queues import Order
+
+    assert typing.get_args(Order) == ORDERS

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 
 from core.jobs import PENDING_VALUES
-from core.queues import DEFAULT_ORDER
+from core.queue_orders import DEFAULT_ORDER
 from orchestrator.commands import text_table
 from orchestrator.commands.options import add_address, with_cluster_errors
 from orchestrator.commands.queue_views import duration_text, read_queue, workers_text
