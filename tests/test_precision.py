@@ -82,11 +82,12 @@ def test_compile_per_block_matches_eager(tmp_path, bf16, model, monkeypatch):
     assert all(block._compiled_call_impl is not None for block in trainer.model.blocks)
     assert max_rel(compiled, bf16[model]) <= COMPILE_TOL
     # compilation happens in the first step: reported apart, and kept out of the step time,
-    # which counts the steady steps only (no ratio of times: a loaded CI machine stretches both)
+    # which counts the steady steps only. No comparison of two times: under the suite's load a
+    # steady step took 0.87 s and the compile 0.56 s, where quiet the compile is 5x a step.
     throughput = summary["throughput"]
     assert throughput["steady_steps"] == STEPS - 1
-    assert summary["compile_s"] == pytest.approx(throughput["first_step_s"] - throughput["step_time_s"])
-    assert summary["compile_s"] > throughput["step_time_s"]  # tracing costs more than a step
+    first_minus_steady = throughput["first_step_s"] - throughput["step_time_s"]
+    assert summary["compile_s"] == pytest.approx(max(first_minus_steady, 0.0))
 
 
 def test_convolutional_models_compile_as_a_whole_outside_fsdp2(monkeypatch):
