@@ -11,8 +11,11 @@ Prints each command's median wall time (the whole process, as a person waits for
 ways and their ratio, and the Ray job rows each way adds; writes bench/results/cli_latency.json.
 `submit` sends jobs/vit.yaml (the main job, checked against the model registry) with 5 steps.
 With `--running N --queued M`, N one-worker jobs train on the head (given N CPUs, whatever the
-machine has) and M more wait behind them before anything is timed; each timed command then
-also reports its 90th percentile. Results go to bench/results/cli_latency[-loaded].json.
+machine has) and M more wait behind them (submitted four at a time) before anything is timed;
+each timed command then also reports its 90th percentile. Each command's CPU time (user +
+system, from the kernel's account of the child) is printed beside its wall time: on a loaded
+head the gap between them is the CPU the command waited for. Results go to
+bench/results/cli_latency[-loaded].json.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,12 +53,14 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT), **head.env, "ORCHESTRATOR_HOME": str(tmp / "home")}
 
     def cli(*args) -> float:
-        start = time.perf_counter()
+        """The command's wall time; its CPU time (user + system) in `cli.cpu` (one at a time)."""
+        start, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         done = subprocess.run(
             [sys.executable, "-m", "orchestrator", *args], cwd=ROOT, env=env, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stderr[-2000:]
-        cli.last = done.stdout
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cli.last, cli.cpu = done.stdout, after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
         return time.perf_counter() - start
 
     def rows(command: str) -> int:
@@ -81,7 +88,7 @@ def main() -> int:
         ways = {"http": [], "ray": ["--address", head.address]}
         result = {"repeats": repeats, "running": args.running, "queued": args.queued}
         if args.running or args.queued:
-            result["load_setup_s"] = load_the_service(cli, tmp, args.running, args.queued)
+            result["load_setup_s"] = load_the_service(cli, env, tmp, args.running, args.queued)
         names = iter(range(1000))
         job_id = None
 
@@ -93,11 +100,13 @@ def main() -> int:
         for name in ("submit", "queue", "status"):
             for way, extra in ways.items():
                 before = rows(name)
-                times = []
+                times, cpu = [], []
                 for _ in range(repeats):
                     times.append(cli(*command(name), *extra))
+                    cpu.append(cli.cpu)
                     job_id = cli.last.split()[0] if name == "submit" else job_id
                 result[f"{name}_{way}_s"] = statistics.median(times)
+                result[f"{name}_{way}_cpu_s"] = statistics.median(cpu)
                 result[f"{name}_{way}_p90_s"] = sorted(times)[int(0.9 * (len(times) - 1))]
                 result[f"{name}_{way}_ray_job_rows_added"] = rows(name) - before
             result[f"{name}_ray_over_http"] = result[f"{name}_ray_s"] / result[f"{name}_http_s"]
@@ -111,7 +120,8 @@ def main() -> int:
         print(f"with {args.running} jobs training and {args.queued} waiting (ready after {ready:.0f} s):")
     for name in ("submit", "queue", "status"):
         print(
-            f"{name}: {result[f'{name}_http_s']:.2f} s over HTTP (p90 {result[f'{name}_http_p90_s']:.2f}), "
+            f"{name}: {result[f'{name}_http_s']:.2f} s over HTTP (p90 {result[f'{name}_http_p90_s']:.2f}, "
+            f"CPU {result[f'{name}_http_cpu_s']:.2f} s), "
             f"{result[f'{name}_ray_s']:.2f} s as a Ray "
             f"driver (x{result[f'{name}_ray_over_http']:.1f}); Ray job rows added per {repeats} calls: "
             f"{result[f'{name}_http_ray_job_rows_added']} vs {result[f'{name}_ray_ray_job_rows_added']}"
@@ -121,7 +131,18 @@ def main() -> int:
     return 0
 
 
-def load_the_service(cli, tmp: Path, running: int, queued: int) -> float:
+def _submit(env: dict, args: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "submit", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def load_the_service(cli, env: dict, tmp: Path, running: int, queued: int) -> float:
     """`running` one-worker jobs training (their first step reported), `queued` more waiting
     behind them; returns how long that took."""
     started = time.perf_counter()
@@ -131,8 +152,8 @@ def load_the_service(cli, tmp: Path, running: int, queued: int) -> float:
     for i in range(running):
         cli("submit", *tiny, "--set", f"name=trains-{i}")
         trains.append(cli.last.split()[0])
-    for i in range(queued):
-        cli("submit", *tiny, "--set", f"name=waits-{i}")
+    with ThreadPoolExecutor(4) as pool:  # four users at a time (CPU times are not read here)
+        list(pool.map(lambda i: _submit(env, [*tiny, "--set", f"name=waits-{i}"]), range(queued)))
     deadline = time.time() + 600
     while time.time() < deadline:
         if not trains or all(_trained(cli, job_id) for job_id in trains):

@@ -48,8 +48,9 @@ def main() -> int:
     from provenance import provenance  # bench/provenance.py
 
     from core.spec import load_spec
+    from orchestrator.project_package import zip_project
     from orchestrator.service.store import Store
-    from orchestrator.service.submission import store_package, zip_project
+    from orchestrator.service.submission import store_package
     from tests.s3_server import restore, start_s3_server
 
     parser = argparse.ArgumentParser()

@@ -22,9 +22,12 @@ from __future__ import annotations
 import posixpath
 import re
 import time
+from typing import TYPE_CHECKING
 
 from core import storage
-from core.spec import JobSpec
+
+if TYPE_CHECKING:
+    from core.spec import JobSpec
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d{8})$")
 METRICS_DIR = "metrics"

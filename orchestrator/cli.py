@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit either
         return 128 + signal.SIGPIPE  # what a command killed by SIGPIPE returns
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        for line in str(err).splitlines() or [""]:  # e.g. a spec's errors, which the service found
+            print(f"error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

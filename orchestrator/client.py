@@ -190,22 +190,34 @@ def api_metrics_since(page: str, job_id: str, since_step: int) -> list[dict]:
 
 def api_submit(page: str, token: str, specs: list[dict], options: list[dict], package: bytes) -> list[dict]:
     """Queue the specs (JSON-ready dicts) with the project's zip; the jobs' views."""
-    body = json.dumps(
-        {"specs": specs, "options": options, "package": base64.b64encode(package).decode()}
-    ).encode()
+    return _post_job(page, token, {"specs": specs, "options": options}, package)["jobs"]
+
+
+def api_submit_sent(page: str, token: str, sent: dict, package: bytes) -> dict:
+    """Queue a spec file as read here (`service/sent_spec.py`: path, text, overrides, cwd,
+    home), which the service checks: {"jobs": views, "sweep", "notes"}. A spec's errors come
+    back as `Refused`, one line each."""
+    return _post_job(page, token, {"spec_file": sent}, package)
+
+
+def _post_job(page: str, token: str, body: dict, package: bytes) -> dict:
+    data = json.dumps({**body, "package": base64.b64encode(package).decode()}).encode()
     url = f"{page.rstrip('/')}/api/jobs"
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
     try:
         with urllib.request.urlopen(
-            urllib.request.Request(url, body, headers, method="POST"), timeout=SUBMIT_TIMEOUT_S
+            urllib.request.Request(url, data, headers, method="POST"), timeout=SUBMIT_TIMEOUT_S
         ) as reply:
-            return json.load(reply)["jobs"]
+            done = json.load(reply)
     except urllib.error.HTTPError as err:
         if err.code in REFUSING:
             raise Refused(_error_of(err)) from None
         raise Unreachable(f"{url}: HTTP {err.code}") from None
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError) as err:
         raise Unreachable(f"{url}: {err}") from None
+    if not isinstance(done, dict) or not isinstance(done.get("jobs"), list):
+        raise Unreachable(f"{url}: not the service's answer")
+    return done
 
 
 def _error_of(err: urllib.error.HTTPError) -> str:
@@ -213,10 +225,15 @@ def _error_of(err: urllib.error.HTTPError) -> str:
 
 
 def _service_line(err: urllib.error.HTTPError) -> str | None:
-    """The service's one line in an error's JSON body (`{"error"}`), else None."""
+    """The service's lines in an error's JSON body (`{"error"}`, with every line of a spec's
+    errors in `"errors"`), else None."""
     try:
-        return str(json.load(err)["error"])
-    except (ValueError, KeyError, TypeError, OSError):
+        body = json.load(err)
+        lines = body.get("errors")
+        if isinstance(lines, list) and lines and all(isinstance(line, str) for line in lines):
+            return "\n".join(lines)
+        return str(body["error"])
+    except (ValueError, KeyError, TypeError, AttributeError, OSError):
         return None
 
 
@@ -271,7 +288,7 @@ def own_submission_id() -> str | None:
 def package_if_in_ray_job() -> bytes | None:
     """A driver that Ray Jobs started runs in its job's working_dir: ship it, so that the
     service can start the job again if this driver dies."""
-    from orchestrator.service.submission import zip_project
+    from orchestrator.project_package import zip_project
 
     return zip_project(Path.cwd()) if own_submission_id() else None
 

@@ -53,7 +53,7 @@ def cli():
 # cluster in a file not listed here is a collection error.
 CLUSTER_FILES = {
     "test_autoscaler.py",
-    "test_checkpoint_faults.py",
+    "test_checkpoint_faults_ray.py",
     "test_cluster.py",
     "test_faults.py",
     "test_head_restart.py",

@@ -40,6 +40,7 @@ ENTRY_POINTS = {
     "orchestrator/ray/launcher.py": {"workers.ray_backend"},  # the Ray Train function and set-up
     # the run's metrics log in storage; preflight: the data is there
     "orchestrator/attempt.py": {"workers.run_log", "workers.checks"},
+    "orchestrator/service/sent_spec.py": {"workers.checks"},  # a spec sent over HTTP: its model and data
 }
 # where the CLI and the drivers import the service's own modules (else they use orchestrator.client)
 SERVICE_MODULES_OUTSIDE = {
@@ -47,7 +48,8 @@ SERVICE_MODULES_OUTSIDE = {
         "orchestrator.service.actor",
         "orchestrator.service.store",
     },
-    "orchestrator/commands/submit.py": {"orchestrator.service.submission"},  # packs the project
+    # reads a spec as the service reads one sent over HTTP (relative storage, the resume note)
+    "orchestrator/commands/submit.py": {"orchestrator.service.sent_spec"},
 }
 
 

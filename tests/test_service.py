@@ -473,7 +473,9 @@ def test_submit_queue_and_status_talk_to_the_service_over_http_and_leave_ray_s_j
 
 def test_the_service_process_never_loads_the_data_plane(service):
     """After jobs ran through it (the first tests of this module), the service actor's process has
-    loaded neither torch nor the workers or kernels packages: it schedules, it does not train."""
+    loaded neither torch, kernels nor any training code of `workers/`: it schedules, it does not
+    train. (It reads the catalogue of model presets and data sources a spec sent over HTTP is
+    checked against: `page_view.SPEC_CATALOGUE`.)"""
     if not any(service.store.glob("jobs/*.json")):
         service.done(service.submit(name="control-plane"))
     # the service actor may have been restarted by a test above, on another port: `up` finds it

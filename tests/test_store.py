@@ -5,7 +5,8 @@ import json
 import pytest
 
 from core.spec import validate
-from orchestrator.service.store import LEASE_TTL_S, JobRecord, JobState, LeaseHeld, Store, find, project_files
+from orchestrator.project_package import project_files
+from orchestrator.service.store import LEASE_TTL_S, JobRecord, JobState, LeaseHeld, Store, find
 from tests.conftest import ROOT
 
 SPEC = validate(
@@ -110,8 +111,9 @@ def test_a_package_is_one_zip_in_the_store_with_the_spec_in_it_and_nothing_outsi
     import zipfile
 
     from core.spec import load_spec, load_stored
+    from orchestrator.project_package import zip_project
     from orchestrator.service.store import SPEC_IN_PACKAGE
-    from orchestrator.service.submission import store_package, zip_project
+    from orchestrator.service.submission import store_package
 
     project = tmp_path / "project"
     (project / "pkg").mkdir(parents=True)

@@ -12,7 +12,7 @@ Nothing here imports torch, Ray or the rest of the project.
 
 from core.spec.checks import cross_field_problems, sweepable, validate_fields
 from core.spec.errors import SpecError, format_errors
-from core.spec.load import apply_overrides, load_spec, load_stored, parse_override, validate
+from core.spec.load import apply_overrides, load_spec, load_spec_text, load_stored, parse_override, validate
 from core.spec.schema import (
     AugmentSpec,
     CheckpointSpec,
@@ -61,6 +61,7 @@ __all__ = [
     "cross_field_problems",
     "format_errors",
     "load_spec",
+    "load_spec_text",
     "load_stored",
     "parse_override",
     "parse_yaml",

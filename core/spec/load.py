@@ -15,7 +15,7 @@ from core.spec import sweep
 from core.spec.checks import validate_fields
 from core.spec.errors import SpecError, short
 from core.spec.schema import JobSpec
-from core.spec.yaml_reader import YAMLRefused, parse_yaml, read_yaml
+from core.spec.yaml_reader import YAMLRefused, mapping_of_text, parse_yaml, read_yaml
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -66,6 +66,12 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     raw = read_yaml(path)
     raw = apply_overrides(raw, overrides or [])
     return validate(raw, str(path))
+
+
+def load_spec_text(text: str, source: str, overrides: list[str] | None = None) -> JobSpec:
+    """`load_spec` of a file's text; `source` names the file in errors, as the user named it."""
+    raw = apply_overrides(mapping_of_text(text, source), overrides or [])
+    return validate(raw, source)
 
 
 def load_stored(path: str | Path) -> JobSpec:

@@ -206,7 +206,14 @@ def read_yaml(path: str | Path) -> dict:
     """The top-level mapping of a spec file; SpecError with one line for anything else."""
     path = Path(path)
     source = str(path)
-    text = _decode(_read_bytes(path), source)
+    return mapping_of_text(_decode(_read_bytes(path), source), source)
+
+
+def mapping_of_text(text: str, source: str) -> dict:
+    """`read_yaml` of a spec file's text (as `orchestrator submit` sends it to the service)."""
+    if len(text.encode()) > MAX_SPEC_BYTES:
+        raise SpecError([f"larger than {MAX_SPEC_BYTES // 1024} KiB; a job spec is a few KiB"], source)
+    text = text.removeprefix("\ufeff")
     try:
         raw = parse_yaml(text)
     except yaml.YAMLError as err:

@@ -16,14 +16,17 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.jobs import TERMINAL_VALUES
 from core.records import eval_fields, is_eval, is_train
 from core.run_folder import checkpoint_step
-from core.spec import JobSpec
 from orchestrator.commands.job_logs import follow_ray_job
 from orchestrator.commands.options import add_jobs_api_address, add_spec_arguments, with_cluster_errors
 from orchestrator.errors import UsageError
+
+if TYPE_CHECKING:
+    from core.spec import JobSpec
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,10 +84,14 @@ def entrypoint(spec_path: str, overrides: list[str], working_dir: Path) -> str:
 
 @with_cluster_errors
 def handle(args) -> int:
-    from orchestrator.ray.cluster import jobs_client, translate
-
     if args.priority is not None:
         args.overrides = [*args.overrides, f"scheduling.priority={args.priority}"]
+    if not args.no_validate:
+        queued = queue_over_http(args)  # the quick path: the service reads and checks the spec
+        if queued is not None:
+            return queued
+    from orchestrator.ray.cluster import jobs_client, translate
+
     if args.no_validate:
         from core.spec import CheckpointSpec, apply_overrides, read_yaml
 
@@ -160,6 +167,47 @@ def check_storage(spec: JobSpec) -> None:
         raise UsageError(f"{spec.name}: {str(err).splitlines()[0]}{hint}") from None
 
 
+def queue_over_http(args) -> int | None:
+    """Send the spec file as it is, with the overrides and this shell's directories, to the
+    service recorded here, which reads and checks it as `validate` does (`sent_spec.py`) and
+    queues it: no spec schema is loaded here, which on a loaded head saves seconds. None when
+    there is no page to send to, the file cannot be read here (the checks below then say why)
+    or the page does not answer (the cluster is joined instead)."""
+    from orchestrator import client
+    from orchestrator.ray.cluster import home, read_token
+
+    page, token = client.recorded_page(args.address), client.caller_token() or read_token()
+    if not (page and token):
+        return None
+    try:
+        text = Path(args.spec).read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return None
+    sent = {"path": args.spec, "text": text, "overrides": list(args.overrides)}
+    sent |= {"cwd": os.getcwd(), "home": os.path.expanduser("~")}
+    working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
+    try:
+        package = cached_package(working_dir, home() / "packages")
+        done = client.api_submit_sent(page, token, sent, package)
+    except client.Unreachable:
+        args.http_unreachable = True  # e.g. a service restarted elsewhere: join the cluster instead
+        return None
+    from orchestrator.ray.origin import remember
+
+    remember(working_dir)  # a later `ray job submit` from here resolves relative paths here
+    ids = [view["id"] for view in done["jobs"]]
+    return announce(args, ids, page, HttpReader(page), done.get("sweep"), done.get("notes") or [])
+
+
+def cached_package(working_dir: Path, cache: Path) -> bytes:
+    from orchestrator.project_package import cached_project_zip
+
+    try:
+        return cached_project_zip(working_dir, cache)
+    except OSError as err:
+        raise UsageError(str(err)) from None
+
+
 def queue_with_service(args, spec: JobSpec) -> int | None:
     """Queue the job (or a sweep's trials) with the orchestrator service; None when there is
     none (the job then goes to Ray Jobs, and its driver queues it itself). Over the service's
@@ -168,64 +216,45 @@ def queue_with_service(args, spec: JobSpec) -> int | None:
     driver (seconds). The service gets the specs validated above and only checks them
     against the schema; the job's owner is whoever the token names."""
     from orchestrator import client
-    from orchestrator.ray.cluster import read_token
+    from orchestrator.ray.cluster import home, read_token
     from orchestrator.ray.origin import remember
-    from orchestrator.service.submission import zip_project
+    from orchestrator.service.sent_spec import queue_items
 
     specs, options = queue_items(spec)
     working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
     page, token = client.recorded_page(args.address), client.caller_token() or read_token()
-    if page and token:
+    if page and token and not getattr(args, "http_unreachable", False):
         raw = [job_spec.model_dump(mode="json", by_alias=True) for job_spec in specs]
         try:
-            views = client.api_submit(page, token, raw, options, zip_project(working_dir))
-        except client.Refused as err:
-            raise UsageError(str(err)) from None
+            package = cached_package(working_dir, home() / "packages")
+            views = client.api_submit(page, token, raw, options, package)
         except client.Unreachable:
             views = None  # e.g. a service restarted elsewhere: join the cluster instead
         if views is not None:
             remember(working_dir)  # a later `ray job submit` from here resolves relative paths here
-            return announce(args, spec, [view["id"] for view in views], page, HttpReader(page))
+            ids = [view["id"] for view in views]
+            return announce(args, ids, page, HttpReader(page), *sweep_and_notes(spec))
     return queue_through_ray(args, spec, specs, options, working_dir)
 
 
-def queue_items(spec: JobSpec) -> tuple[list[JobSpec], list[dict]]:
-    """The specs to queue (a sweep's trials, or the spec) with their options; relative
-    storage made absolute as seen from here, where the user means it."""
-    from core.spec import sweep as sweeps
+def sweep_and_notes(spec: JobSpec) -> tuple[str | None, list[str]]:
+    """What `announce` says of a spec checked here: its sweep's name, and whether it resumes."""
+    from orchestrator.service.sent_spec import resume_note
 
     if spec.sweep is not None:
-        trials = sweeps.trials(spec)
-        specs = [trial.spec for trial in trials]
-        options = [
-            {
-                "job_id": trial.name,
-                "sweep": spec.name,
-                "sweep_params": trial.params,
-                "sweep_metric": spec.sweep.metric,
-                "sweep_mode": spec.sweep.mode,
-                "sweep_max_concurrent": spec.sweep.max_concurrent,
-            }
-            for trial in trials
-        ]
-    else:
-        specs, options = [spec], [{}]
-    for job_spec in specs:
-        storage = job_spec.checkpoint.storage
-        if "://" not in storage and not os.path.isabs(storage):
-            job_spec.checkpoint.storage = os.path.abspath(os.path.expanduser(storage))
-    return specs, options
+        return spec.name, []
+    return None, [note for note in [resume_note(spec)] if note]
 
 
 def queue_through_ray(args, spec: JobSpec, specs: list, options: list[dict], working_dir: Path) -> int | None:
     from orchestrator import client
+    from orchestrator.ray.cluster import home
     from orchestrator.ray.origin import remember
-    from orchestrator.service.submission import zip_project
 
     with client.connected_service(args.address, required=spec.sweep is not None) as service:
         if service is None:
             return None
-        package = zip_project(working_dir)
+        package = cached_package(working_dir, home() / "packages")
         remember(working_dir)
         ids = []
         for job_spec, option in zip(specs, options):
@@ -235,20 +264,19 @@ def queue_through_ray(args, spec: JobSpec, specs: list, options: list[dict], wor
                 raise UsageError(str(err)) from None
             ids.append(view["id"])
         page = client.call(service.info).get("status_page")
-        return announce(args, spec, ids, page, ActorReader(service))
+        return announce(args, ids, page, ActorReader(service), *sweep_and_notes(spec))
 
 
-def announce(args, spec: JobSpec, ids: list[str], page: str | None, reader) -> int:
-    """Print the queued ids and where to watch them; with --wait, follow them to the end."""
+def announce(args, ids: list[str], page: str | None, reader, sweep: str | None, notes: list[str]) -> int:
+    """Print the queued ids, the service's notes and where to watch them; with --wait, follow
+    them to the end."""
     for job_id in ids:
         print(job_id, flush=True)
-    if spec.sweep is not None:
-        print(
-            f"sweep {spec.name}: {len(ids)} trials queued; rank them with `orchestrator sweep {spec.name}`",
-            file=sys.stderr,
-        )
-    else:
-        say_if_resuming(spec)
+    if sweep is not None:
+        ranking = f"rank them with `orchestrator sweep {sweep}`"
+        print(f"sweep {sweep}: {len(ids)} trials queued; {ranking}", file=sys.stderr)
+    for note in notes:
+        print(note, file=sys.stderr)
     if page:
         print(f"watch it: {page.rstrip('/')}/#/jobs/{ids[0]}", file=sys.stderr)
     if not args.wait:
@@ -304,25 +332,6 @@ class HttpReader:
                 if time.monotonic() > deadline:
                     raise UsageError(f"the orchestrator service does not answer ({err})") from None
                 time.sleep(1.0)
-
-
-def say_if_resuming(spec: JobSpec) -> None:
-    """A run of this name has checkpoints: the job continues it (checkpoint.resume: auto)."""
-    from core.run_folder import checkpoints, run_name, run_uri
-
-    if spec.checkpoint.resume != "auto":
-        return
-    run = run_name(spec)
-    try:
-        saved = checkpoints(run_uri(spec, run))
-    except OSError:  # storage only the cluster reaches: the driver says it when it starts
-        return
-    if saved:
-        print(
-            f"resuming run {run}: its newest checkpoint is at step {checkpoint_step(saved[-1])} (the newest "
-            "complete one is used); --set checkpoint.resume=never starts a new run",
-            file=sys.stderr,
-        )
 
 
 def follow_queued(reader, job_ids: list[str], poll_s: float = 1.0, summary_path: str | None = None) -> int:

@@ -53,14 +53,30 @@ class PageView:
         return self.service.metrics_since(job_id, since_step, newest)
 
 
+# What of `workers/` the service may load: the catalogue a spec sent over HTTP is checked against
+# (service/sent_spec.py: model families and presets, data sources' shapes), ~1 MiB, no torch.
+SPEC_CATALOGUE = ("workers.checks", "workers.data", "workers.models")
+
+
 def process_info() -> dict:
     """The service's own process: its memory, and which of the heavy packages it has loaded
-    (none of the data plane's: the control plane never imports torch)."""
+    (none of the data plane's: the control plane never imports torch, kernels or training code)."""
     import psutil
 
-    loaded = {name.split(".")[0] for name in sys.modules}
     return {
         "pid": os.getpid(),
         "rss_bytes": psutil.Process().memory_info().rss,
-        "data_plane_modules": sorted(loaded & {"torch", "workers", "kernels", "triton"}),
+        "data_plane_modules": data_plane_modules(sys.modules),
     }
+
+
+def data_plane_modules(names) -> list[str]:
+    """torch, kernels, triton, and the modules of `workers/` beyond the spec's catalogue."""
+    heavy = {name.split(".")[0] for name in names} & {"torch", "kernels", "triton"}
+    training = {
+        name
+        for name in names
+        if name.startswith("workers.")
+        and not any(name == c or name.startswith(c + ".") for c in SPEC_CATALOGUE)
+    }
+    return sorted(heavy | training)

@@ -16,8 +16,11 @@
     GET /metrics                         the registry in Prometheus' text format (404 without one)
     POST /api/jobs                       queue jobs (the CLI's `submit`): the caller's token (or the
                                          cluster's Ray token) as `Authorization: Bearer`, a JSON body
-                                         {"specs", "options", "package" (base64 zip)}; 201 {"jobs":
-                                         [views]}, 400, 401 or 403 {"error"}
+                                         {"spec_file": {path, text, overrides, cwd, home}, "package"
+                                         (base64 zip)}, which the service reads and checks: 201
+                                         {"jobs": [views], "sweep", "notes"}; or {"specs", "options",
+                                         "package"}: 201 {"jobs"}; 400 {"error", "errors": [lines]},
+                                         401 or 403 {"error"}
     GET /login, POST /api/authenticate   the login form and its cookie (web_auth.py)
     POST /api/jobs/{id}/stop, ...        the service's other calls: stop, preempt, queues, users,
                                          audit, sweeps (web_calls.py)
@@ -104,6 +107,12 @@ class Submitter(Protocol):
         """Validate and queue as the holder of `token` (passed only with a gate); raises
         ValueError with one line a person can act on, PermissionError with `args` (line,
         status) for a caller who may not."""
+        ...
+
+    def submit_sent(self, sent: dict, package: bytes | None, token: str | None = None) -> dict:
+        """The same for a spec file sent as the CLI read it (text, overrides, the caller's
+        directories): {"jobs": views, "sweep", "notes"}; ValueError with every line of a
+        spec's errors."""
         ...
 
 
@@ -242,17 +251,23 @@ def _submit_route(submitter: Submitter | None, gated: bool):
         try:
             body = await request.json()
             package = base64.b64decode(body["package"], validate=True) if body.get("package") else None
-            specs, options = list(body["specs"]), list(body.get("options") or [{}] * len(body["specs"]))
-        except (ValueError, KeyError, TypeError, binascii.Error):
-            return json_reply({"error": "the body must be JSON: {specs, options, package}"}, status=400)
+            if "spec_file" in body:  # the spec as the CLI read it: the service reads it
+                call, given = submitter.submit_sent, (body["spec_file"],)
+            else:  # specs the caller validated itself
+                specs, options = list(body["specs"]), list(body.get("options") or [{}] * len(body["specs"]))
+                call, given = submitter.submit_specs, (specs, options)
+        except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
+            body_form = "{spec_file, package} or {specs, options, package}"
+            return json_reply({"error": f"the body must be JSON: {body_form}"}, status=400)
         caller = (token_of(request),) if gated else ()
         try:
-            views = await in_executor(submitter.submit_specs, specs, options, package, *caller)
+            done = await in_executor(call, *given, package, *caller)
         except PermissionError as err:  # the service's door: (line, status)
             return refusal_reply(err)
         except ValueError as err:
-            return json_reply({"error": str(err).splitlines()[0] if str(err) else "refused"}, status=400)
-        return json_reply({"jobs": views}, status=201)
+            lines = str(err).splitlines() or ["refused"]
+            return json_reply({"error": lines[0], "errors": lines}, status=400)
+        return json_reply(done if isinstance(done, dict) else {"jobs": done}, status=201)
 
     return submit
 

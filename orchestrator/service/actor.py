@@ -49,6 +49,7 @@ from orchestrator.service.live import LiveMetrics
 from orchestrator.service.progress import RECORD, STEP, fold
 from orchestrator.service.queue_calls import QueueCalls
 from orchestrator.service.read_calls import ReadCalls
+from orchestrator.service.sent_spec import SentSpec, queue_items, read_sent, resume_note, storage_problem
 from orchestrator.service.store import JobRecord, Store, find
 from orchestrator.service.submission import new_job_id, new_record, storage_refusal, store_package
 from orchestrator.service.tenant_calls import TenantCalls, open_door
@@ -217,6 +218,25 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
             self.submit(spec, option, package, token, HTTP)
             for spec, option in zip(typed, options, strict=True)
         ]
+
+    def submit_sent(self, sent: dict, package: bytes | None, token: str | None = None) -> dict:
+        """A spec file sent over HTTP as `orchestrator submit` read it (`sent_spec.py`): read,
+        checked and queued here. {"jobs": views, "sweep": name or None, "notes": lines to show};
+        ValueError with the lines a person acts on (a spec error names its field)."""
+        self.door.authenticate(token, HTTP, Action.SUBMIT)  # an unknown caller: 401, logged
+        given = SentSpec.from_body(sent)
+        try:
+            spec = read_sent(given)
+        except SpecError as err:
+            raise ValueError(str(err)) from None
+        specs, options = queue_items(spec, given.cwd, given.home)
+        for uri in dict.fromkeys(job_spec.checkpoint.storage for job_spec in specs):
+            problem = storage_problem(spec.name, uri)  # outside the lock: storage may be slow to answer
+            if problem:
+                raise ValueError(problem)
+        notes = [note for note in [resume_note(spec) if spec.sweep is None else None] if note]
+        views = [self.submit(s, o, package, token, HTTP) for s, o in zip(specs, options, strict=True)]
+        return {"jobs": views, "sweep": spec.name if spec.sweep is not None else None, "notes": notes}
 
     def register(self, spec: JobSpec, options: dict | None = None, package: bytes | None = None) -> dict:
         """A driver started outside the service (`orchestrator run`, `ray job submit`) queues its

@@ -25,13 +25,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import posixpath
 import secrets
-import subprocess
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
@@ -336,31 +333,3 @@ class Store:
 
 
 SPEC_IN_PACKAGE = ".orchestrator/job.json"  # the job's spec, inside its package (the driver loads it)
-SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", "runs", "data", ".whl", ".gpucache"}
-MAX_PACKAGE_BYTES = 100 * 2**20  # Ray's own limit for a working_dir is of this order
-
-
-def project_files(root: Path) -> list[Path]:
-    """The files a job's working_dir carries, relative to `root`."""
-    try:
-        out = subprocess.run(
-            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-            cwd=root,
-            capture_output=True,
-            timeout=30,
-            check=True,
-        )
-        files = [Path(p) for p in out.stdout.decode().split("\0") if p]
-        files = [p for p in files if (root / p).is_file()]
-    except (OSError, subprocess.SubprocessError):
-        files = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.endswith(".egg-info")]
-            files += [Path(dirpath, f).relative_to(root) for f in filenames if not f.endswith(".pyc")]
-    total = sum((root / p).stat().st_size for p in files)
-    if total > MAX_PACKAGE_BYTES:
-        raise OSError(
-            f"the project directory {root} holds {total / 2**20:.0f} MiB to ship with the job"
-            f" (limit {MAX_PACKAGE_BYTES / 2**20:.0f} MiB); add the large files to .gitignore"
-        )
-    return sorted(files)

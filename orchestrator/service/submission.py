@@ -11,13 +11,12 @@ import os
 import secrets
 import time
 import zipfile
-from pathlib import Path
 
 from core import run_folder, storage
 from core.jobs import resources_for
 from core.ledger import Ledger
 from core.spec import JobSpec
-from orchestrator.service.store import SPEC_IN_PACKAGE, JobRecord, Store, project_files
+from orchestrator.service.store import SPEC_IN_PACKAGE, JobRecord, Store
 
 
 def new_job_id(name: str) -> str:
@@ -103,14 +102,4 @@ def with_spec(package: bytes, spec: JobSpec) -> bytes:
                 if safe(item.filename) and item.filename != SPEC_IN_PACKAGE:
                     out.writestr(item, archive.read(item))
             out.writestr(SPEC_IN_PACKAGE, stored)
-    return buffer.getvalue()
-
-
-def zip_project(root: str | Path) -> bytes:
-    """The project directory as a zip (the files git would ship), for the job's package."""
-    root = Path(root).resolve()
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for relative in project_files(root):
-            archive.write(root / relative, relative.as_posix())
     return buffer.getvalue()
