@@ -58,7 +58,7 @@ class FinishedJobService:
 
 
 def test_submit_wait_ends_with_a_result_line_and_writes_the_summary(tmp_path, capsys):
-    from orchestrator.commands.submit import follow_queued
+    from orchestrator.commands.follow_jobs import follow_queued
 
     summary = tmp_path / "out" / "s.json"
     assert follow_queued(FinishedJobService(), ["job-1"], summary_path=str(summary)) == 0
@@ -104,7 +104,7 @@ class TrainingJobService:
 
 
 def test_submit_wait_shows_checkpoints_and_evaluations_and_labels_the_losses(capsys):
-    from orchestrator.commands.submit import follow_queued
+    from orchestrator.commands.follow_jobs import follow_queued
 
     assert follow_queued(TrainingJobService(), ["j"], poll_s=0) == 0
     out = capsys.readouterr().out.splitlines()
