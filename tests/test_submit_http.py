@@ -45,8 +45,11 @@ def rayless_service(tmp_path_factory):
         svc.shutdown()
 
 
-def submit(service, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """`orchestrator submit ARGS` from `tmp_path`, with this machine's Ray token."""
+def submit(
+    service, tmp_path: Path, *args: str, token: str | None = None
+) -> tuple[subprocess.CompletedProcess, list]:
+    """`orchestrator submit ARGS` from `tmp_path`, with a user's `token`, else this machine's
+    Ray token (the cluster's admin)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -55,6 +58,8 @@ def submit(service, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedPro
         "RAY_AUTH_TOKEN": RAY_TOKEN,
     }
     env.pop("ORCHESTRATOR_TOKEN", None)
+    if token:
+        env["ORCHESTRATOR_TOKEN"] = token
     loaded = tmp_path / "loaded.json"
     done = subprocess.run(
         [sys.executable, "-c", PROBE, str(loaded), "submit", *args],
@@ -104,6 +109,39 @@ def test_a_bad_spec_is_each_of_its_lines_and_exit_2_and_queues_nothing(rayless_s
     storage, _ = submit(rayless_service, tmp_path, SPEC, "--set", f"checkpoint.storage={unwritable}")
     assert storage.returncode == 2 and "is not writable" in storage.stderr, storage.stderr
     assert set(rayless_service.jobs) == before
+
+
+def test_a_caller_refused_the_queue_changes_nothing_not_even_the_storage_it_names(rayless_service, tmp_path):
+    from tests.tenant_harness import add_team_users
+
+    ann = add_team_users(rayless_service)["ann"]  # of team vision: nlp-gpu is not hers
+    before = set(rayless_service.jobs)
+    storage = tmp_path / "never-made"
+    theirs, _ = submit(
+        rayless_service,
+        tmp_path,
+        SPEC,
+        "--set",
+        "scheduling.queue=nlp-gpu",
+        "--set",
+        f"checkpoint.storage={storage}",
+        token=ann,
+    )
+    assert theirs.returncode == 2 and "nlp-gpu" in theirs.stderr and "Traceback" not in theirs.stderr
+    assert not storage.exists() and set(rayless_service.jobs) == before
+    ours, _ = submit(
+        rayless_service,
+        tmp_path,
+        SPEC,
+        "--set",
+        "scheduling.queue=vision-gpu",
+        "--set",
+        f"checkpoint.storage={storage}",
+        token=ann,
+    )
+    assert ours.returncode == 0, ours.stderr
+    job = rayless_service.jobs[ours.stdout.split()[0]]
+    assert (job.user, job.team, job.queue) == ("ann", "vision", "vision-gpu") and storage.is_dir()
 
 
 def test_the_project_is_zipped_again_only_when_one_of_its_files_changes(tmp_path):

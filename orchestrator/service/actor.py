@@ -230,10 +230,13 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
         except SpecError as err:
             raise ValueError(str(err)) from None
         specs, options = queue_items(spec, given.cwd, given.home)
-        for uri in dict.fromkeys(job_spec.checkpoint.storage for job_spec in specs):
-            problem = storage_problem(spec.name, uri)  # outside the lock: storage may be slow to answer
-            if problem:
-                raise ValueError(problem)
+        target = self.queue_target(spec.scheduling.queue)
+        allowed = self.door.verdict(token, HTTP, Action.SUBMIT, target).allowed
+        if allowed:  # a caller refused the queue gets no probe of its storage (`submit` refuses it)
+            for uri in dict.fromkeys(job_spec.checkpoint.storage for job_spec in specs):
+                problem = storage_problem(spec.name, uri)  # outside the lock: storage may be slow to answer
+                if problem:
+                    raise ValueError(problem)
         notes = [note for note in [resume_note(spec) if spec.sweep is None else None] if note]
         views = [self.submit(s, o, package, token, HTTP) for s, o in zip(specs, options, strict=True)]
         return {"jobs": views, "sweep": spec.name if spec.sweep is not None else None, "notes": notes}
