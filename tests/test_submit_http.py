@@ -104,6 +104,8 @@ def test_a_bad_spec_is_each_of_its_lines_and_exit_2_and_queues_nothing(rayless_s
     lines = two.stderr.strip().splitlines()
     assert two.returncode == 2 and len(lines) == 2 and all(line.startswith("error: ") for line in lines)
     assert any("train.steps" in line for line in lines) and any("optimizer.lr" in line for line in lines)
+    nowhere, _ = submit(rayless_service, tmp_path, SPEC, "--working-dir", str(tmp_path / "no-such-dir"))
+    assert nowhere.returncode == 2 and nowhere.stderr.strip().endswith("no-such-dir: not a directory")
     unwritable = tmp_path / "read-only"
     unwritable.write_text("a file, not a folder")
     storage, _ = submit(rayless_service, tmp_path, SPEC, "--set", f"checkpoint.storage={unwritable}")

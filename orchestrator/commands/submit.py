@@ -182,6 +182,8 @@ def queue_over_http(args) -> int | None:
     sent = {"path": args.spec, "text": text, "overrides": list(args.overrides)}
     sent |= {"cwd": os.getcwd(), "home": os.path.expanduser("~")}
     working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
+    if not working_dir.is_dir():
+        raise UsageError(f"--working-dir {working_dir}: not a directory")
     try:
         package = cached_package(working_dir, home() / "packages")
         done = client.api_submit_sent(page, token, sent, package)
