@@ -16,6 +16,7 @@ import pytest
 
 from core.metrics_log import read_metrics
 from tests.conftest import ROOT, run_cli
+from tests.proc_threads import busy_thread_policies
 from workers.checkpoint import incomplete_reason
 
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits: loads instantly
@@ -138,6 +139,9 @@ def test_killed_worker_restarts_from_last_checkpoint(ray_head, tmp_path):
         _read_until(process, "checkpoint at step 40", lines, deadline)
         cmdline = Path(f"/proc/{victim}/cmdline").read_bytes()
         assert b"ray::" in cmdline, cmdline  # a Ray worker process, not something else
+        # training on the CPU is background work (workers/cpu_priority.py), by the kernel's account
+        policies, used = busy_thread_policies(victim, seconds=1.0)
+        assert policies == {os.SCHED_IDLE}, used
         os.kill(victim, signal.SIGKILL)
         rest, _ = process.communicate(timeout=300)
         lines.append(rest)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from core import storage
 from core.run_folder import checkpoint_name, checkpoint_step, run_name
 from core.spec import JobSpec
-from workers import checkpoint_upload
+from workers import checkpoint_upload, cpu_priority
 from workers.checkpoint import CheckpointError, checkpoint_group
 from workers.checkpoint_files import damage_reason, has_checksums, incomplete_reason, newest_valid
 from workers.run_log import RunLog
@@ -164,8 +164,12 @@ def pick_device(want_gpu: bool, local_rank: int) -> torch.device:
 class LocalContext(RunContext):
     """One process, or one of several started by torchrun; checkpoints go straight to storage."""
 
-    def __init__(self, spec: JobSpec):
+    def __init__(self, spec: JobSpec, background_cpu: bool = False):
+        """`background_cpu`: this process exists to train (torchrun's, `run --local`'s), so on a
+        CPU its training thread becomes background work (workers/cpu_priority.py); not for a
+        caller that goes on with other work in the same thread afterwards."""
         self.spec = spec
+        self.background_cpu = background_cpu
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -177,6 +181,8 @@ class LocalContext(RunContext):
     def setup(self) -> None:
         # torchrun on a GPU machine trains on GPUs; gpus_per_worker only sizes Ray reservations
         self.device = pick_device(torch.cuda.is_available(), self.local_rank)
+        if self.background_cpu:  # first, so that gloo's threads are background work too
+            cpu_priority.train_in_background(self.device.type)
         if self.world_size > 1 and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, device_id=self.device if backend == "nccl" else None)

@@ -30,7 +30,7 @@ from ray.train import CheckpointUploadMode
 from core import storage
 from core.run_folder import checkpoint_name
 from core.spec import JobSpec
-from workers import checkpoint_upload
+from workers import checkpoint_upload, cpu_priority
 from workers.checkpoint import CheckpointError
 from workers.context import RunContext, checkpoint_to_resume
 
@@ -75,6 +75,7 @@ class RayContext(RunContext):
             self.device = get_device()
         else:
             self.device = torch.device("cpu")
+        cpu_priority.train_in_background(self.device.type)  # this is Ray Train's training thread
         runtime = ray.get_runtime_context()
         group = runtime.get_placement_group_id() or "no-placement-group"
         self.attempt = ray.get(

@@ -37,7 +37,7 @@ def run_local(spec: JobSpec, summary_path: str | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":  # torchrun: every rank checks, the first one writes
             write_summary(failed(spec.name, problems[0]), summary_path)
         return 1
-    ctx = LocalContext(spec)
+    ctx = LocalContext(spec, background_cpu=True)  # this process exists to train
     try:
         summary = train(spec, ctx)
     except (OSError, ValueError, RuntimeError) as err:
