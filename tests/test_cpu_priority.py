@@ -19,18 +19,29 @@ from workers import cpu_priority
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 
 
-def in_a_thread(device_type: str) -> tuple[bool, int]:
+def in_a_thread(device_type: str, shared_machine: bool = True) -> tuple[bool, int]:
     """train_in_background's answer, and the policy the thread then had."""
     seen: list = []
 
     def body():
-        seen.append(cpu_priority.train_in_background(device_type))
+        seen.append(cpu_priority.train_in_background(device_type, shared_machine))
         seen.append(os.sched_getscheduler(0))
 
     thread = threading.Thread(target=body)
     thread.start()
     thread.join()
     return seen[0], seen[1]
+
+
+def test_who_trains_in_the_background():
+    # unset: CPU ranks where people and the control plane are (the head, a machine of its own)
+    assert cpu_priority.wanted("cpu", shared_machine=True, setting=None)
+    assert not cpu_priority.wanted("cpu", shared_machine=False, setting=None)
+    # the operator's word, either way; a GPU rank never
+    assert cpu_priority.wanted("cpu", shared_machine=False, setting="background")
+    assert not cpu_priority.wanted("cpu", shared_machine=True, setting="normal")
+    settings = (None, "background")
+    assert not any(cpu_priority.wanted("cuda", shared, s) for shared in (True, False) for s in settings)
 
 
 def test_a_cpu_rank_trains_in_the_background_and_only_its_own_thread_moves(monkeypatch):
@@ -40,15 +51,18 @@ def test_a_cpu_rank_trains_in_the_background_and_only_its_own_thread_moves(monke
     assert os.sched_getscheduler(0) == before  # the class is per thread: the caller's is unchanged
 
 
-def test_a_gpu_rank_and_the_operators_normal_setting_are_left_alone(monkeypatch, caplog):
+def test_a_gpu_rank_a_node_of_its_own_and_the_normal_setting_are_left_alone(monkeypatch, caplog):
     monkeypatch.delenv(cpu_priority.SETTING, raising=False)
     assert in_a_thread("cuda") == (False, os.SCHED_OTHER)
+    assert in_a_thread("cpu", shared_machine=False) == (False, os.SCHED_OTHER)
     monkeypatch.setenv(cpu_priority.SETTING, "normal")
     assert in_a_thread("cpu") == (False, os.SCHED_OTHER)
+    monkeypatch.setenv(cpu_priority.SETTING, "background")
+    assert in_a_thread("cpu", shared_machine=False) == (True, os.SCHED_IDLE)
     monkeypatch.setenv(cpu_priority.SETTING, "lowest")
     with caplog.at_level(logging.WARNING, logger="workers"):
-        assert in_a_thread("cpu") == (True, os.SCHED_IDLE)
-    assert "ORCHESTRATOR_CPU_TRAINING=lowest is neither 'background' nor 'normal'" in caplog.text
+        assert in_a_thread("cpu", shared_machine=False) == (False, os.SCHED_OTHER)
+    assert "ORCHESTRATOR_CPU_TRAINING=lowest is neither 'background' nor 'normal': ignored" in caplog.text
 
 
 def test_the_threads_that_train_under_torchrun_are_background_work(tmp_path):

@@ -166,8 +166,8 @@ class LocalContext(RunContext):
 
     def __init__(self, spec: JobSpec, background_cpu: bool = False):
         """`background_cpu`: this process exists to train (torchrun's, `run --local`'s), so on a
-        CPU its training thread becomes background work (workers/cpu_priority.py); not for a
-        caller that goes on with other work in the same thread afterwards."""
+        CPU its training thread becomes background work, as on a machine people use
+        (workers/cpu_priority.py); not for a caller that goes on in the same thread after."""
         self.spec = spec
         self.background_cpu = background_cpu
         self.rank = int(os.environ.get("RANK", 0))
@@ -182,7 +182,7 @@ class LocalContext(RunContext):
         # torchrun on a GPU machine trains on GPUs; gpus_per_worker only sizes Ray reservations
         self.device = pick_device(torch.cuda.is_available(), self.local_rank)
         if self.background_cpu:  # first, so that gloo's threads are background work too
-            cpu_priority.train_in_background(self.device.type)
+            cpu_priority.train_in_background(self.device.type, shared_machine=True)
         if self.world_size > 1 and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, device_id=self.device if backend == "nccl" else None)

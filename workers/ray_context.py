@@ -51,8 +51,9 @@ class RayContext(RunContext):
     shows_progress = False
     rank_metrics_every_s = RANK_RECORD_EVERY_S
 
-    def __init__(self, spec: JobSpec, run: str, state):
+    def __init__(self, spec: JobSpec, run: str, state, head_node: str | None = None):
         self.spec, self.name, self.state = spec, run, state
+        self.head_node = head_node  # the cluster's head node's id, from the launcher
         self.run_uri = storage.join(spec.checkpoint.storage, run)
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
@@ -75,7 +76,9 @@ class RayContext(RunContext):
             self.device = get_device()
         else:
             self.device = torch.device("cpu")
-        cpu_priority.train_in_background(self.device.type)  # this is Ray Train's training thread
+        # this is Ray Train's training thread; the head is where people and the control plane are
+        on_head = ray.get_runtime_context().get_node_id() == self.head_node
+        cpu_priority.train_in_background(self.device.type, shared_machine=on_head)
         runtime = ray.get_runtime_context()
         group = runtime.get_placement_group_id() or "no-placement-group"
         self.attempt = ray.get(
@@ -245,7 +248,7 @@ def train_worker(config: dict) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if ray.get(state.fatal.remote()) is not None:
         return  # an earlier attempt failed in a way a restart cannot fix: do not train again
-    ctx = RayContext(spec, config["run"], state)
+    ctx = RayContext(spec, config["run"], state, config.get("head_node"))
     try:
         summary = train(spec, ctx)
     except Exception as err:

@@ -70,7 +70,7 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
     run_folder.forget_ray_index(run_folder.run_uri(spec, run))
     return trainer_class()(
         train_worker,
-        train_loop_config={"spec": spec, "run": run, "state": state},
+        train_loop_config={"spec": spec, "run": run, "state": state, "head_node": head_node_id()},
         backend_config=ProcessGroupConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(**scaling),
         run_config=RunConfig(
@@ -82,6 +82,15 @@ def trainer(spec: JobSpec, run: str, state, placement: dict[str, int] | None = N
             failure_config=FailureConfig(max_failures=spec.fault_tolerance.max_failures),
         ),
     )
+
+
+def head_node_id() -> str | None:
+    """The cluster's head node (Ray gives only the head `node:__internal_head__`): CPU ranks
+    there train in the background (workers/cpu_priority.py)."""
+    for node in ray.nodes():
+        if node.get("Alive") and "node:__internal_head__" in node.get("Resources", {}):
+            return node["NodeID"]
+    return None
 
 
 def trainer_class():
