@@ -178,13 +178,13 @@ def train_env() -> dict[str, str]:
 # use every core, so on a small machine each wake-up of a daemon (the dashboard agent, the
 # raylet, a driver) stalls one of their threads, and the others wait for it at the next
 # barrier. A local Ray started here runs workers at nice 0, level with Ray's own processes.
-# (A rank training on the CPU goes further down on its own: workers/cpu_priority.py.)
+# (A rank training on the CPU on the head goes further down on its own: workers/cpu_priority.py.)
 WORKER_NICENESS = "RAY_worker_niceness"
 
 # What watches a run (its driver and state actor: records, the metrics log, progress) is
 # bookkeeping; where GPU ranks' threads keep every core busy, it should take its CPU from
 # their gaps rather than from their steps. bench/metrics_overhead.py measures the difference.
-# (CPU ranks train in the background, workers/cpu_priority.py: bookkeeping goes before them.)
+# (CPU ranks on the head train in the background, workers/cpu_priority.py: bookkeeping first.)
 BOOKKEEPING_NICENESS = 10
 
 
