@@ -16,10 +16,10 @@ def load(name: str) -> dict:
 
 
 def test_cluster_launcher_config_passes_rays_validation():
-    from ray.autoscaler._private.util import prepare_config, validate_config
+    from orchestrator.ray.internals import validate_autoscaler_config
 
     config = load("ray-cluster.yaml")
-    validate_config(prepare_config(config))  # raises on a schema error
+    validate_autoscaler_config(config)  # raises on a schema error
     gpu = config["available_node_types"]["gpu_8x"]
     assert gpu["max_workers"] >= 1 and config["head_node_type"] == "head"
     for command in config["head_start_ray_commands"] + config["worker_start_ray_commands"]:

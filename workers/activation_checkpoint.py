@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from core.spec import ParallelSpec
+from workers.torch_internals import checkpoint_wrapper
 
 _aten = torch.ops.aten
 # compute-bound ops whose outputs are worth keeping (recomputing them costs real FLOPs)

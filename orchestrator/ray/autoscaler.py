@@ -17,9 +17,9 @@ import psutil
 import yaml
 
 from orchestrator.policy.autoscale import NodeType
+from orchestrator.ray.internals import AUTOSCALER_MONITOR_SCRIPT
 
 log = logging.getLogger(__name__)
-MONITOR = "autoscaler/_private/monitor.py"
 
 
 class ConfigError(ValueError):
@@ -64,7 +64,7 @@ def find_config(gcs_address: str | None = None) -> str | None:
     for process in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             args = process.info["cmdline"] or []
-            if not any(MONITOR in a for a in args):
+            if not any(AUTOSCALER_MONITOR_SCRIPT in a for a in args):
                 continue
             if gcs_address and f"--gcs-address={gcs_address}" not in args:
                 continue  # another cluster's autoscaler

@@ -46,16 +46,17 @@ def use_token_if_available() -> bool:
     mode = os.environ.get("RAY_AUTH_MODE")
     if mode is not None:
         return mode.lower() == "token"
-    from ray._raylet import AuthenticationTokenLoader, Config
     from ray.exceptions import AuthenticationError
 
+    from orchestrator.ray import internals
+
     try:
-        if not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        if not internals.token_at_hand():
             return False
     except AuthenticationError as err:  # e.g. RAY_AUTH_TOKEN_PATH names a missing file
         raise ClusterError(f"{str(err.message).split('. Note:')[0]}; {TOKEN_HELP}") from None
     os.environ["RAY_AUTH_MODE"] = "token"
-    Config.initialize("")  # Ray caches its config: re-read it so this process sees token mode
+    internals.reload_config()  # Ray caches its config: so that this process sees token mode
     return True
 
 
@@ -73,10 +74,10 @@ def is_auth_error(err: BaseException) -> bool:
 
 
 def _have_token() -> bool:
-    from ray._raylet import AuthenticationTokenLoader
+    from orchestrator.ray import internals
 
     try:
-        return AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
+        return internals.token_at_hand()
     except Exception:  # a token path that cannot be read counts as no token
         return False
 
@@ -101,9 +102,9 @@ def refuses_our_token(address: str) -> bool:
     if not answers(address):
         return False
     try:
-        from ray._raylet import GcsClient  # what ray.init asks the GCS with; no public API asks
+        from orchestrator.ray.internals import ask_gcs
 
-        GcsClient(address=address).internal_kv_get(b"orchestrator-token-check", None, timeout=5)
+        ask_gcs(address)
     except Exception as err:  # only a refusal is ours to report
         return is_auth_error(err)
     return False
@@ -113,9 +114,9 @@ def connected_temp_dir() -> str | None:
     """The temp dir of the cluster this process joined (where its head writes the Prometheus
     service discovery file); None when Ray does not say."""
     try:
-        import ray._private.worker
+        import ray
 
-        return ray._private.worker.global_worker.node.get_temp_dir_path()  # no public API has it
+        return ray.get_runtime_context().get_temp_dir()
     except Exception:  # not connected, or Ray changed: the caller falls back to Ray's default
         return None
 
@@ -226,7 +227,8 @@ def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
     temp_dir = None
     try:
         if address:
-            use_token_if_available()
+            if use_token_if_available() and not _have_token():  # Ray's own client would abort
+                raise ClusterError(auth_message(address))
             if answers(address) is False:  # `ray.init` would retry for minutes
                 raise ClusterError(f"cannot connect to the Ray cluster at '{address}': nothing answers there")
             if refuses_our_token(address):
@@ -249,7 +251,9 @@ def connect(address: str | None, num_cpus: int = 1) -> Iterator[str]:
         else:
             temp_dir = tempfile.mkdtemp(prefix="orch-ray-", dir="/tmp")
             # a new local cluster uses token auth (Ray's default); no need to warn about it
-            logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
+            from orchestrator.ray.internals import AUTH_LOGGER
+
+            logging.getLogger(AUTH_LOGGER).setLevel(logging.ERROR)
             ray.init(
                 num_cpus=max(os.cpu_count() or 1, num_cpus),
                 include_dashboard=False,

@@ -67,10 +67,9 @@ class HealthChecks:
         if values is not None:
             return cls.from_values(values, "the cluster's GCS")
         try:
-            from ray._raylet import Config
+            from orchestrator.ray.internals import health_check_settings
 
-            values = {name: float(getattr(Config, f"health_check_{name}")()) for name in SETTINGS}
-            return cls.from_values(values, "this head's settings")
+            return cls.from_values(health_check_settings(SETTINGS), "this head's settings")
         except Exception:  # no Ray here (tests of the pure parts), or Ray renamed them
             return cls()
 

@@ -47,13 +47,9 @@ def own_package() -> str | None:
 def package_of(directory: str) -> str:
     """The URI Ray gives the package of `directory`, computed as `ray job submit` does; nothing
     is uploaded."""
-    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+    from orchestrator.ray.internals import package_uri
 
-    include_gitignore = os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1"
-    runtime_env = upload_working_dir_if_needed(
-        {"working_dir": directory}, include_gitignore=include_gitignore, upload_fn=lambda *a, **k: None
-    )
-    return runtime_env["working_dir"]
+    return package_uri(directory)
 
 
 def submitted_from() -> str | None:

@@ -66,9 +66,9 @@ def draining_nodes() -> set[str]:
     """Ids of the nodes Ray is draining (`ray drain-node`, or the autoscaler before it stops a
     node or the cloud preempts it). Ray Train reads the same table for its own preemption
     notices (ray.train.get_preemption_info); Ray offers no public call for it yet."""
-    import ray
+    from orchestrator.ray import internals
 
     try:
-        return set(ray._private.state.state.get_draining_nodes())
+        return internals.draining_nodes()
     except Exception:  # an older or a remote cluster without it: no node is draining
         return set()
