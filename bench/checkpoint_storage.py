@@ -122,8 +122,8 @@ def main() -> int:
     parser.add_argument("--out", default=str(RESULTS), help="JSON results file ('' to skip)")
     args = parser.parse_args()
 
-    from tests.ray_cluster import start_ray_head, stop_ray_head
-    from tests.s3_server import restore, start_s3_server
+    from orchestrator.testing.local_cluster import start_ray_head, stop_ray_head
+    from orchestrator.testing.s3_server import restore, start_s3_server
 
     work = Path(tempfile.mkdtemp(prefix="checkpoint-bench-"))
     spec = work / "job.yaml"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 def main() -> int:
     from provenance import provenance  # bench/provenance.py (this script's folder is on sys.path)
 
-    from tests.ray_cluster import start_ray_head, stop_ray_head
+    from orchestrator.testing.local_cluster import start_ray_head, stop_ray_head
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)

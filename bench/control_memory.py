@@ -3,9 +3,9 @@
     python bench/control_memory.py                    # 0, 1, 4 and 8 running jobs
     python bench/control_memory.py --jobs 0,1,2 --settle 10
 
-A multi-node test cluster on this machine (tests/ray_cluster.py): a head with 2 CPUs and no
-`slot`, so no job's workers land there, and two worker nodes with 4 CPUs and 4 slots each;
-`orchestrator up --address` on it. Then tiny one-worker jobs (jobs/convnet.yaml, 1 slot each,
+A multi-node test cluster on this machine (orchestrator/testing/local_cluster.py): a head with
+2 CPUs and no `slot`, so no job's workers land there, and two worker nodes with 4 CPUs and 4
+slots each; `orchestrator up --address` on it. Then tiny one-worker jobs (jobs/convnet.yaml, 1 slot each,
 steps enough to outlast the benchmark) are submitted until 1, then 4, then 8 run. At each
 level, once every job has reported its first step and `--settle` seconds passed, the
 proportional memory (PSS, from /proc) of every process of each node is summed: a node's
@@ -131,7 +131,7 @@ def main() -> int:
     levels = [int(n) for n in args.jobs.split(",")]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped"))  # the cluster goes in `finally`
     sys.path.insert(0, str(ROOT))
-    from tests.ray_cluster import start_ray_head, stop_ray_head
+    from orchestrator.testing.local_cluster import start_ray_head, stop_ray_head
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     home, store, runs = tmp / "home", tmp / "store", tmp / "runs"

@@ -122,7 +122,7 @@ def service_exporter(head, tmp: Path) -> dict:
 def main() -> int:
     from provenance import provenance  # bench/provenance.py (this script's folder is on sys.path)
 
-    from tests.ray_cluster import start_ray_head, stop_ray_head
+    from orchestrator.testing.local_cluster import start_ray_head, stop_ray_head
 
     head = start_ray_head(num_cpus=4)
     try:

@@ -51,7 +51,7 @@ def main() -> int:
     from orchestrator.project_package import zip_project
     from orchestrator.service.store import Store
     from orchestrator.service.submission import store_package
-    from tests.s3_server import restore, start_s3_server
+    from orchestrator.testing.s3_server import restore, start_s3_server
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)

@@ -71,7 +71,7 @@ def main() -> int:
 
     head = None
     if not args.address:
-        from tests.ray_cluster import start_ray_head, stop_ray_head
+        from orchestrator.testing.local_cluster import start_ray_head, stop_ray_head
 
         head = start_ray_head(num_cpus=max(4, args.workers))
         args.address = head.address

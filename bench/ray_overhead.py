@@ -147,7 +147,7 @@ def main() -> int:
     args.cluster = args.cluster or args.service
     if args.cluster:
         sys.path.insert(0, str(ROOT))
-        from tests.ray_cluster import start_ray_head, stop_ray_head
+        from orchestrator.testing.local_cluster import start_ray_head, stop_ray_head
 
         head = start_ray_head(num_cpus=max(4, args.workers))
         args.address, args.dashboard = head.address, head.dashboard

@@ -3,10 +3,10 @@
     python bench/start_timeline.py                  # 3 jobs, one after the other
     python bench/start_timeline.py --jobs 5 --steps 30
 
-The tests' three-node cluster on this machine (tests/ray_cluster.py: a head with 4 CPUs and
-one `slot`, two worker nodes with 2 CPUs and one slot each), `orchestrator up --address` on
-it, then 2-worker jobs (jobs/convnet.yaml, one slot per worker) submitted one at a time, each
-waited for. For every job the stages are read from what each party recorded, not from the
+The tests' three-node cluster on this machine (orchestrator/testing/local_cluster.py: a head
+with 4 CPUs and one `slot`, two worker nodes with 2 CPUs and one slot each), `orchestrator up
+--address` on it, then 2-worker jobs (jobs/convnet.yaml, one slot per worker) submitted one at
+a time, each waited for. For every job the stages are read from what each party recorded, not from the
 service's account of itself:
 
 - the job's record in the store: queued, admitted, running, succeeded;
@@ -103,7 +103,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from tests.ray_cluster import _state_api, start_ray_head, stop_ray_head
+    from orchestrator.testing.local_cluster import start_ray_head, state_api, stop_ray_head
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-start-"))
     home, store, runs = tmp / "home", tmp / "store", tmp / "runs"
@@ -134,7 +134,7 @@ def main() -> int:
             job_id = done.stdout.split()[0]
             job = json.loads((store / "jobs" / f"{job_id}.json").read_text())
             time.sleep(2)  # `--wait` returns at `succeeded`; the controller ends a moment later
-            actors = _state_api(head.dashboard, head.env, "actors", detail="true")
+            actors = state_api(head.dashboard, head.env, "actors", detail="true")
             timeline = job_timeline(job, actors, head.temp_dir, runs)
             timelines.append(timeline)
             print(f"job {i}: " + ", ".join(f"{k} {v:.1f}" for k, v in timeline.items()), flush=True)

@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.ray_cluster import RayHead, free_ports, start_ray_head, stop_ray_head  # noqa: F401
-from tests.s3_server import restore, start_s3_server
+from orchestrator.testing.local_cluster import (  # noqa: F401
+    RayHead,
+    free_ports,
+    start_ray_head,
+    stop_ray_head,
+)
+from orchestrator.testing.s3_server import restore, start_s3_server
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.cpu_per_test"]  # SUITE_CPU_LOG=FILE: CPU seconds per test
@@ -39,7 +44,7 @@ def cli():
     return run_cli
 
 
-# --- real Ray clusters (tests/ray_cluster.py): one per session, started like a user would --------
+# --- real Ray clusters (orchestrator/testing/local_cluster.py): one per session, as a user starts one
 
 # With `-n` (scripts/test.sh runs `-n auto`), the files whose tests start Ray clusters run in
 # two lanes, each on one pytest-xdist worker, one test after the other. The lane of the
@@ -63,6 +68,7 @@ CLUSTER_FILES = {
     "test_ray_jobs.py",
     "test_ray_run.py",
     "test_service.py",
+    "test_service_recovery.py",
     "test_tenants_live.py",
     "test_up.py",
 }
@@ -103,7 +109,7 @@ def pytest_xdist_make_scheduler(config, log):
     return ClusterLanes(config, log)
 
 
-_free_ports = free_ports  # the name other test modules import (the benches: tests/ray_cluster.py)
+_free_ports = free_ports  # the name other test modules import (orchestrator/testing/local_cluster.py)
 
 
 @pytest.fixture(scope="session", autouse=True)

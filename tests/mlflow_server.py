@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.ray_cluster import free_ports
+from orchestrator.testing.local_cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 # run as `python -m mlflow`: the venv's scripts name the path it was made at in their first line,

@@ -2,7 +2,7 @@
 can be appended to, and every object written is recorded, so a test can check that a log
 never rewrites what it wrote. It is a pyarrow filesystem like S3's (`pafs.PyFileSystem`), so
 the code under test cannot tell it from another; no server runs (the S3 tests proper use
-moto: tests/s3_server.py, the `s3` fixture)."""
+moto: orchestrator/testing/s3_server.py, the `s3` fixture)."""
 
 from __future__ import annotations
 

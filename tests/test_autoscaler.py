@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.testing.local_cluster import list_nodes, start_ray_head, stop_ray_head
 from tests.conftest import SERVICE_SPEC, Service
-from tests.ray_cluster import list_nodes, start_ray_head, stop_ray_head
 from tests.test_service import events, train_steps, when
 
 SLOT_NODE = {"resources": {"CPU": 2, "slot": 1}, "max_workers": 2}

@@ -18,8 +18,8 @@ import pytest
 
 from core.metrics_log import read_metrics
 from core.run_folder import checkpoint_step, checkpoints
+from orchestrator.testing.local_cluster import RAY, list_actors, list_nodes
 from tests.conftest import ROOT, SERVICE_SPEC
-from tests.ray_cluster import RAY, list_actors, list_nodes
 from tests.test_parallel import FP32_TOL
 from tests.test_service import events, train_steps, when
 from workers.checkpoint_files import incomplete_reason

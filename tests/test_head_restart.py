@@ -20,8 +20,8 @@ import pytest
 
 from core.metrics_log import read_metrics
 from core.run_folder import checkpoint_step, checkpoints
+from orchestrator.testing.local_cluster import restart_gcs, start_ray_head, start_redis, stop_ray_head
 from tests.conftest import Service
-from tests.ray_cluster import restart_gcs, start_ray_head, start_redis, stop_ray_head
 from tests.test_service import events, train_steps, when
 from workers.checkpoint_files import incomplete_reason
 

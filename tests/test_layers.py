@@ -4,6 +4,8 @@
 - `kernels` imports only `core` of the project; `workers` only `core`, `kernels` and itself.
 - `orchestrator` imports `core` and itself, and `workers` only inside functions of its entry
   points into the data plane (below); never `kernels`.
+- `bench` imports nothing of `tests`: the clusters and S3 servers both start come from
+  `orchestrator/testing`, which nothing of the product imports.
 
 Within `orchestrator`, three rooms: `orchestrator/policy` (the scheduling policy: pure, it
 imports no Ray and nothing of `orchestrator` outside itself), `orchestrator/service` (the
@@ -37,9 +39,9 @@ ENTRY_POINTS = {
     "orchestrator/commands/models.py": {"workers"},  # the model registry it lists
     # a checkpoint's model state; the model rebuilt for ONNX
     "orchestrator/commands/export.py": {"workers.checkpoint", "workers.onnx_export"},
-    "orchestrator/ray/launcher.py": {"workers.ray_backend"},  # the Ray Train function and set-up
-    # the run's metrics log in storage; preflight: the data is there
-    "orchestrator/attempt.py": {"workers.run_log", "workers.checks"},
+    # the Ray Train function and set-up; preflight: the data is there
+    "orchestrator/ray/launcher.py": {"workers.ray_backend", "workers.checks"},
+    "orchestrator/attempt/listeners.py": {"workers.run_log"},  # the run's metrics log in storage
     "orchestrator/service/sent_spec.py": {"workers.checks"},  # a spec sent over HTTP: its model and data
 }
 # where the CLI and the drivers import the service's own modules (else they use orchestrator.client)
@@ -88,6 +90,28 @@ def test_imports_point_one_way(package):
                 continue
             wrong.append(f"{relative}: {module}" + (" (at module level)" if at_top else ""))
     assert wrong == [], "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_the_testing_helpers_are_shared_one_way():
+    """The benchmarks start their clusters and S3 servers with `orchestrator.testing`, never
+    with the tests' modules; the product itself imports none of `orchestrator.testing`."""
+    wrong = [
+        f"{path.relative_to(ROOT).as_posix()}: {module}"
+        for path in package_files("bench")
+        for module, _ in imports(path)
+        if in_package(module, "tests")
+    ]
+    for package in ("core", "kernels", "workers", "orchestrator"):
+        for path in package_files(package):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative.startswith("orchestrator/testing/"):
+                continue
+            wrong += [
+                f"{relative}: {module}"
+                for module, _ in imports(path)
+                if in_package(module, "orchestrator.testing")
+            ]
+    assert wrong == [], "imports of the tests or of the testing helpers:\n" + "\n".join(wrong)
 
 
 def test_the_walk_sees_imports_inside_functions(tmp_path):
@@ -144,9 +168,7 @@ def test_the_cli_and_the_drivers_reach_the_service_through_the_client():
     files = [
         *package_files("orchestrator/commands"),
         ROOT / "orchestrator/driver.py",
-        ROOT / "orchestrator/queued_job.py",
-        ROOT / "orchestrator/attempt.py",
-        ROOT / "orchestrator/attempt_controller.py",
+        *package_files("orchestrator/attempt"),
     ]
     wrong = []
     for path in files:

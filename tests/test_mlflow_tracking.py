@@ -124,7 +124,7 @@ def test_a_server_that_dies_holds_nothing_up_and_gets_the_records_after_it_retur
 
 
 def test_the_end_waits_a_bounded_time_for_a_server_that_never_answers(tmp_path):
-    from tests.ray_cluster import free_ports
+    from orchestrator.testing.local_cluster import free_ports
 
     spec, lines = spec_for(f"http://127.0.0.1:{free_ports(1)[0]}", "never", tmp_path), []
     attempt = tracker(spec, str(tmp_path / "run"), {}, lines)

@@ -1,7 +1,7 @@
 """Checkpoints, the metrics log, TensorBoard and the commands that read them, on a real S3 API
-server (moto_server, `tests/s3_server.py`), as they run on object storage: one process, no Ray
-(the jobs on the cluster with S3 storage are in tests/test_cluster.py and test_service.py; the
-job store on S3 in tests/test_head_restart.py).
+server (moto_server, `orchestrator/testing/s3_server.py`), as they run on object storage: one
+process, no Ray (the jobs on the cluster with S3 storage are in tests/test_cluster.py and
+test_service.py; the job store on S3 in tests/test_head_restart.py).
 
 What is counted comes from the bucket itself: the objects under each checkpoint, their bytes,
 and what TensorBoard's own reader finds there.

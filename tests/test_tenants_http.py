@@ -177,7 +177,7 @@ def test_bad_tokens_are_always_401_never_a_5xx_and_change_nothing(service, token
             assert after == (users, jobs, queues), kind
 
 
-CHANGES = (  # the service's other changes (web_calls.py), on a job that exists or not
+CHANGES = (  # the service's other changes (service/http_calls.py), on a job that exists or not
     ("POST", "/api/jobs/x/stop", {"now": True}),
     ("POST", "/api/jobs/x/preempt", {}),
     ("PUT", "/api/queues", {"config": None}),

@@ -1,4 +1,4 @@
-"""The service's other calls over HTTP (orchestrator/monitoring/web_calls.py), through aiohttp's
+"""The service's other calls over HTTP (orchestrator/service/http_calls.py), through aiohttp's
 own test client over the real service class without Ray (tests/tenant_harness.py): stop,
 preempt, queues apply, users, audit and sweeps. Each is decided by the service's door on the
 request's token: allowed; 401 without a valid one; 403 for a caller who may not; every change

@@ -83,7 +83,7 @@ def _a_burst_of_job_starts_leaves_the_head_and_every_job_alive(
     import psutil
 
     from orchestrator.ray.node_health import HealthChecks
-    from tests.ray_cluster import list_nodes
+    from orchestrator.testing.local_cluster import list_nodes
 
     checks = HealthChecks.of_cluster(f"127.0.0.1:{port}")  # read from the head's own GCS
     assert checks.source == "the cluster's GCS"

@@ -14,16 +14,11 @@
     GET /api/jobs/{id}                   one job with its history and checkpoints (404 if unknown)
     GET /api/jobs/{id}/metrics?since=N   the job's metrics records with step > N
     GET /metrics                         the registry in Prometheus' text format (404 without one)
-    POST /api/jobs                       queue jobs (the CLI's `submit`): the caller's token (or the
-                                         cluster's Ray token) as `Authorization: Bearer`, a JSON body
-                                         {"spec_file": {path, text, overrides, cwd, home}, "package"
-                                         (base64 zip)}, which the service reads and checks: 201
-                                         {"jobs": [views], "sweep", "notes"}; or {"specs", "options",
-                                         "package"}: 201 {"jobs"}; 400 {"error", "errors": [lines]},
-                                         401 or 403 {"error"}
     GET /login, POST /api/authenticate   the login form and its cookie (web_auth.py)
-    POST /api/jobs/{id}/stop, ...        the service's other calls: stop, preempt, queues, users,
-                                         audit, sweeps (web_calls.py)
+    POST /api/jobs, POST /api/jobs/{id}/stop, ...
+                                         the service's own HTTP API, added to this app: submit,
+                                         stop, preempt, queues, users, audit, sweeps
+                                         (orchestrator/service/http_calls.py)
 
 With a `gate` (the service's door) every route but the login's and the static files reads the
 request's token first and answers 401 or 403 to whoever may not read (web_auth.py); a
@@ -39,13 +34,10 @@ they run in the loop's executor, never on the loop itself. Nothing here imports 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import functools
-import hmac
 import threading
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import prometheus_client
 from aiohttp import web
@@ -53,9 +45,11 @@ from aiohttp import web
 from orchestrator.monitoring.exporter import exposition
 from orchestrator.monitoring.live_rates import LiveRates, restarts
 from orchestrator.monitoring.queue_query import QueueQuery, is_paged
-from orchestrator.monitoring.web_auth import Gate, add_login_routes, gatekeeper, token_of
-from orchestrator.monitoring.web_calls import ServiceCalls, add_call_routes, decides_itself
-from orchestrator.monitoring.web_json import in_executor, json_reply, refusal_reply
+from orchestrator.monitoring.web_auth import Gate, add_login_routes, gatekeeper
+from orchestrator.monitoring.web_json import in_executor, json_reply
+
+if TYPE_CHECKING:
+    from orchestrator.service.http_calls import ServiceCalls, Submitter
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -96,29 +90,6 @@ class PageSource(Protocol):
         ...
 
 
-class Submitter(Protocol):
-    """What queues jobs sent over HTTP: the service, guarded by the cluster's token."""
-
-    token: str | None  # None: submitting over HTTP is off (a cluster without token auth)
-
-    def submit_specs(
-        self, specs: list[dict], options: list[dict], package: bytes | None, token: str | None = None
-    ) -> list[dict]:
-        """Validate and queue as the holder of `token` (passed only with a gate); raises
-        ValueError with one line a person can act on, PermissionError with `args` (line,
-        status) for a caller who may not."""
-        ...
-
-    def submit_sent(self, sent: dict, package: bytes | None, token: str | None = None) -> dict:
-        """The same for a spec file sent as the CLI read it (text, overrides, the caller's
-        directories): {"jobs": views, "sweep", "notes"}; ValueError with every line of a
-        spec's errors."""
-        ...
-
-
-MAX_SUBMISSION_BYTES = 512 * 1024 * 1024  # the zipped project travels in the body (Ray's own limit)
-
-
 def _not_found(job_id: str) -> web.Response:
     return json_reply({"error": f"no job '{job_id}' in the orchestrator's queue"}, status=404)
 
@@ -131,8 +102,12 @@ def make_app(
     calls: ServiceCalls | None = None,
 ) -> web.Application:
     """The status page's app; host it with `serve` (or any aiohttp runner). Without a
-    `submitter` it only reads; with a `gate`, only for those the gate lets in. With a gate,
-    `calls` answers the routes that stop, preempt, apply queues and manage users (web_calls.py)."""
+    `submitter` it only reads; with a `gate`, only for those the gate lets in. The service's own
+    routes come with it (service/http_calls.py): the submissions through `submitter`, and with a
+    gate, `calls` answers the routes that stop, preempt, apply queues and manage users."""
+    # here, not at the top: monitoring loads nothing of the service until an app is made
+    from orchestrator.service.http_calls import MAX_SUBMISSION_BYTES, add_write_routes
+
     reads = _Reads(source, registry)
     middlewares = [_headers] if gate is None else [_headers, gatekeeper(gate)]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_SUBMISSION_BYTES)
@@ -145,9 +120,7 @@ def make_app(
     app.router.add_get("/api/jobs/{id}", reads.job)
     app.router.add_get("/api/jobs/{id}/metrics", reads.job_metrics)
     app.router.add_get("/metrics", reads.metrics)
-    app.router.add_post("/api/jobs", decides_itself(_submit_route(submitter, gate is not None)))
-    if gate is not None and calls is not None:
-        add_call_routes(app, calls)
+    add_write_routes(app, submitter, calls, gated=gate is not None)
     return app
 
 
@@ -238,55 +211,6 @@ class _Reads:
 
 def _no_rates(request: web.Request) -> bool:
     return request.query.get("rates") in ("0", "false", "no")
-
-
-def _submit_route(submitter: Submitter | None, gated: bool):
-    """POST /api/jobs: queue the jobs of an authenticated body through `submitter`: the
-    service decides on the caller's token (`gated`), else the body must carry the cluster's."""
-
-    async def submit(request: web.Request) -> web.Response:
-        refused = _submission_refused(submitter, gated, request)
-        if refused is not None:
-            return refused
-        try:
-            body = await request.json()
-            package = base64.b64decode(body["package"], validate=True) if body.get("package") else None
-            if "spec_file" in body:  # the spec as the CLI read it: the service reads it
-                call, given = submitter.submit_sent, (body["spec_file"],)
-            else:  # specs the caller validated itself
-                specs, options = list(body["specs"]), list(body.get("options") or [{}] * len(body["specs"]))
-                call, given = submitter.submit_specs, (specs, options)
-        except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
-            body_form = "{spec_file, package} or {specs, options, package}"
-            return json_reply({"error": f"the body must be JSON: {body_form}"}, status=400)
-        caller = (token_of(request),) if gated else ()
-        try:
-            done = await in_executor(call, *given, package, *caller)
-        except PermissionError as err:  # the service's door: (line, status)
-            return refusal_reply(err)
-        except ValueError as err:
-            lines = str(err).splitlines() or ["refused"]
-            return json_reply({"error": lines[0], "errors": lines}, status=400)
-        return json_reply(done if isinstance(done, dict) else {"jobs": done}, status=201)
-
-    return submit
-
-
-def _submission_refused(
-    submitter: Submitter | None, gated: bool, request: web.Request
-) -> web.Response | None:
-    """Why a submission is refused before its body is read, or None."""
-    if submitter is None:
-        return json_reply({"error": "this page takes no jobs"}, status=403)
-    if gated:
-        return None  # the gate let the caller in; the service decides on each job's queue
-    if submitter.token is None:
-        off = "this service takes jobs over HTTP only on a cluster with token auth"
-        return json_reply({"error": off}, status=403)
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), submitter.token.encode()):
-        return json_reply({"error": "missing or wrong cluster token"}, status=401)
-    return None
 
 
 class PageServer:

@@ -12,10 +12,10 @@ A request without a token is whoever the door takes it for: the local admin whil
 listens on loopback only (the quick start needs no login), else nobody. A token that is sent
 is always checked, an empty one too. A refusal is one line of JSON (`{"error"}`) with 401 or
 403; the page itself sends a browser without a valid token to the login form. A change (a
-route the service decides itself: web_calls.py, the submission) reaches the service whatever
-the token, so that it logs the refusal too; it must come as JSON (else 415), which a browser
-sends to another site only after a CORS preflight this server never answers: no other page
-can make a visitor's browser change anything. Imports no Ray.
+route the service decides itself: service/http_calls.py, the submission among them) reaches
+the service whatever the token, so that it logs the refusal too; it must come as JSON (else
+415), which a browser sends to another site only after a CORS preflight this server never
+answers: no other page can make a visitor's browser change anything. Imports no Ray.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""What the status page's routes share: their JSON answers (NaN and infinities as null, never
-cached) and the way they call the service (in the loop's executor: the service's calls may
-block on its lock). Imports no Ray."""
+"""What the status page's routes and the service's own (service/http_calls.py) share: their
+JSON answers (NaN and infinities as null, never cached) and the way they call the service (in
+the loop's executor: the service's calls may block on its lock). Imports no Ray."""
 
 from __future__ import annotations
 

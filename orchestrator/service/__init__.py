@@ -11,6 +11,8 @@ its own (nothing is imported here, so a module of it loads only what it needs):
 - `live`: the newest metrics of the jobs that report; `views`: what the service shows.
 - `tenants`: the users, their tokens (as hashes) and who a token names; `audit`: the log of
   every state-changing call; `documents`: the whole-file JSON writes both use.
+- `http_calls`: the service's HTTP API beyond the status page's reads (submit, stop, preempt,
+  queues, users, audit, sweeps), added to the page's server (`orchestrator/monitoring/web.py`).
 
 How anything outside the service reaches it is `orchestrator/client.py`. Design notes:
 docs/scheduler.md.

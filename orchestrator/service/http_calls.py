@@ -1,7 +1,9 @@
-"""The service's calls over HTTP beyond the page's reads: what the CLI's `stop`, `preempt`,
-`queues apply`, `users`, `audit` and `sweep` send, so that a user reaches the service with
-its own token alone, never the Ray cluster's (docs/security.md).
+"""The service's HTTP API beyond the status page's reads (monitoring/web.py serves those, the
+page and /metrics, and adds these routes to its app): what the CLI's `submit`, `stop`,
+`preempt`, `queues apply`, `users`, `audit` and `sweep` send, so that a user reaches the
+service with its own token alone, never the Ray cluster's (docs/security.md).
 
+    POST   /api/jobs                {"spec_file", "package"}     queue jobs (below): 201
     POST   /api/jobs/{id}/stop      {"now": bool}                stop a job (`now`: kill it)
     POST   /api/jobs/{id}/preempt   {}                           checkpoint it, queue it again
     PUT    /api/queues              {"config": {...} | null}     apply a queue configuration
@@ -11,17 +13,29 @@ its own token alone, never the Ray cluster's (docs/security.md).
     GET    /api/audit?since=T&until=T&user=U                     the audit log (admins)
     GET    /api/sweeps/{name}                                    a sweep's trials
 
+A submission's body is {"spec_file": {path, text, overrides, cwd, home}, "package" (the
+project, a base64 zip)}, the spec file as the CLI read it, which the service reads and checks
+(201 {"jobs": [views], "sweep", "notes"}; 400 {"error", "errors": [lines]}), or {"specs",
+"options", "package"}, specs the caller validated itself (201 {"jobs"}).
+
 The service decides each on the request's token with the same door as its actor calls
 (`service/access.py`), and writes the audit entry of every change, refusals included (so the
 page's gate lets the changes through to it: `decides_itself`). Answers: JSON with 200 (201
-for a new user); 400 `{"error"}` for a body it cannot take or the service's one line, 401 or
-403 (nothing changed), 404 for a job the service does not know, 503 when the audit log cannot
-be written. Imports no Ray.
+for a new user or queued jobs); 400 `{"error"}` for a body it cannot take or the service's one
+line, 401 or 403 (nothing changed), 404 for a job the service does not know, 503 when the
+audit log cannot be written.
+
+A submission needs no gate: an app without one (a page embedded elsewhere, tests) takes jobs
+only from a body with the cluster's Ray token (`Submitter.token`), and answers the other calls
+not at all. Imports no Ray.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
+import hmac
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -30,6 +44,27 @@ from orchestrator.monitoring.web_auth import token_of
 from orchestrator.monitoring.web_json import in_executor, json_reply, refusal_reply
 
 HTTP = "http"  # the route the audit log names (service/access.py)
+MAX_SUBMISSION_BYTES = 512 * 1024 * 1024  # the zipped project travels in the body (Ray's own limit)
+
+
+class Submitter(Protocol):
+    """What queues jobs sent over HTTP: the service, guarded by the cluster's token."""
+
+    token: str | None  # None: submitting over HTTP is off (a cluster without token auth)
+
+    def submit_specs(
+        self, specs: list[dict], options: list[dict], package: bytes | None, token: str | None = None
+    ) -> list[dict]:
+        """Validate and queue as the holder of `token` (passed only with a gate); raises
+        ValueError with one line a person can act on, PermissionError with `args` (line,
+        status) for a caller who may not."""
+        ...
+
+    def submit_sent(self, sent: dict, package: bytes | None, token: str | None = None) -> dict:
+        """The same for a spec file sent as the CLI read it (text, overrides, the caller's
+        directories): {"jobs": views, "sweep", "notes"}; ValueError with every line of a
+        spec's errors."""
+        ...
 
 
 class ServiceCalls(Protocol):
@@ -56,6 +91,16 @@ def decides_itself(handler):
     return route
 
 
+def add_write_routes(
+    app: web.Application, submitter: Submitter | None, calls: ServiceCalls | None, gated: bool
+) -> None:
+    """The service's routes on the page's `app`: POST /api/jobs always (without a `submitter`
+    it refuses every job); the other calls only behind the service's door (`gated`)."""
+    app.router.add_post("/api/jobs", decides_itself(_submit_route(submitter, gated)))
+    if gated and calls is not None:
+        add_call_routes(app, calls)
+
+
 def add_call_routes(app: web.Application, service: ServiceCalls) -> None:
     routes = _Calls(service)
     app.router.add_post("/api/jobs/{id}/stop", decides_itself(routes.stop))
@@ -66,6 +111,55 @@ def add_call_routes(app: web.Application, service: ServiceCalls) -> None:
     app.router.add_delete("/api/users/{name}", decides_itself(routes.revoke_user))
     app.router.add_get("/api/audit", routes.audit)
     app.router.add_get("/api/sweeps/{name}", routes.sweep)
+
+
+def _submit_route(submitter: Submitter | None, gated: bool):
+    """POST /api/jobs: queue the jobs of an authenticated body through `submitter`: the
+    service decides on the caller's token (`gated`), else the body must carry the cluster's."""
+
+    async def submit(request: web.Request) -> web.Response:
+        refused = _submission_refused(submitter, gated, request)
+        if refused is not None:
+            return refused
+        try:
+            body = await request.json()
+            package = base64.b64decode(body["package"], validate=True) if body.get("package") else None
+            if "spec_file" in body:  # the spec as the CLI read it: the service reads it
+                call, given = submitter.submit_sent, (body["spec_file"],)
+            else:  # specs the caller validated itself
+                specs, options = list(body["specs"]), list(body.get("options") or [{}] * len(body["specs"]))
+                call, given = submitter.submit_specs, (specs, options)
+        except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
+            body_form = "{spec_file, package} or {specs, options, package}"
+            return json_reply({"error": f"the body must be JSON: {body_form}"}, status=400)
+        caller = (token_of(request),) if gated else ()
+        try:
+            done = await in_executor(call, *given, package, *caller)
+        except PermissionError as err:  # the service's door: (line, status)
+            return refusal_reply(err)
+        except ValueError as err:
+            lines = str(err).splitlines() or ["refused"]
+            return json_reply({"error": lines[0], "errors": lines}, status=400)
+        return json_reply(done if isinstance(done, dict) else {"jobs": done}, status=201)
+
+    return submit
+
+
+def _submission_refused(
+    submitter: Submitter | None, gated: bool, request: web.Request
+) -> web.Response | None:
+    """Why a submission is refused before its body is read, or None."""
+    if submitter is None:
+        return json_reply({"error": "this page takes no jobs"}, status=403)
+    if gated:
+        return None  # the gate let the caller in; the service decides on each job's queue
+    if submitter.token is None:
+        off = "this service takes jobs over HTTP only on a cluster with token auth"
+        return json_reply({"error": off}, status=403)
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), submitter.token.encode()):
+        return json_reply({"error": "missing or wrong cluster token"}, status=401)
+    return None
 
 
 class BadBody(ValueError):

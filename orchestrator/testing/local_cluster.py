@@ -1,4 +1,5 @@
-"""Real Ray clusters for the tests, started as a user would with `ray start`.
+"""Real Ray clusters on this machine for the tests and the benchmarks, started as a user would
+with `ray start`.
 
 `start_ray_head` starts a head node; `RayHead.add_node` joins more nodes to it, each a raylet
 of its own on this machine with its own logical CPUs, custom resources and node id, and
@@ -180,14 +181,16 @@ def as_own_machine(command: list[str], own_temp: Path, temp_path: str, disks: li
 def list_nodes(dashboard: str, env: dict, detail: bool = False) -> list[dict]:
     """Ray's node table through the dashboard's state API (what `ray list nodes` reads); with
     `detail`, each node's start and end times too."""
-    return _state_api(dashboard, env, "nodes", limit=1000, **({"detail": "true"} if detail else {}))
+    return state_api(dashboard, env, "nodes", limit=1000, **({"detail": "true"} if detail else {}))
 
 
 def list_actors(dashboard: str, env: dict, class_name: str) -> list[dict]:
-    return [a for a in _state_api(dashboard, env, "actors") if a.get("class_name") == class_name]
+    return [a for a in state_api(dashboard, env, "actors") if a.get("class_name") == class_name]
 
 
-def _state_api(dashboard: str, env: dict, what: str, **params) -> list[dict]:
+def state_api(dashboard: str, env: dict, what: str, **params) -> list[dict]:
+    """Ray's state API on the dashboard (`/api/v0/<what>`: "nodes", "actors", ...), with the
+    cluster's token from `env`; `params` as its query (`detail="true"`, filters)."""
     query = "&".join(f"{k}={v}" for k, v in {"limit": 1000, **params}.items())
     request = urllib.request.Request(f"{dashboard}/api/v0/{what}?{query}")
     token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip() if env.get("RAY_AUTH_TOKEN_PATH") else None

@@ -1,4 +1,5 @@
-"""A real S3 API server for the tests: `moto_server` (PyPI's `moto[server]`) on a free port.
+"""A real S3 API server for the tests and the benchmarks: `moto_server` (PyPI's `moto[server]`,
+in the `dev` extra) on a free port.
 
 Clients reach it as they reach any S3-compatible store (MinIO, Ceph, R2): plain `s3://bucket/...`
 URIs, with the endpoint and credentials in the standard AWS variables (`AWS_ENDPOINT_URL`,
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from tests.ray_cluster import free_ports
+from orchestrator.testing.local_cluster import free_ports
 
 BUCKET = "orchestrator-tests"
 MOTO = str(Path(sys.executable).parent / "moto_server")
