@@ -23,6 +23,8 @@ Results go to bench/results/gpu_train-<gpu>-<date>.{json,md} with provenance.
     python bench/gpu_train.py                      # or: torchrun --nproc_per_node=1 bench/gpu_train.py
     python bench/gpu_train.py --models gpt2_small --modes compile --steps 50
     python bench/gpu_train.py --dry-run --out /tmp/x   # CPU smoke test on tiny shapes
+
+The modes and workloads are bench/gpu_train_workloads.py's; the report, bench/gpu_train_report.py's.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -43,108 +44,18 @@ REPO = Path(__file__).resolve().parents[1]
 # otherwise shadow the `kernels` package
 sys.path.insert(0, str(REPO))
 
-from bench.provenance import git_commit  # noqa: E402  (after the path fix above)
+from bench.gpu_train_report import markdown, provenance  # noqa: E402  (after the path fix above)
+from bench.gpu_train_workloads import (  # noqa: E402
+    MODES,
+    TARGETS,
+    TINY,
+    WORKLOADS,
+    make_spec,
+    synthetic_batch,
+    use_legacy_loop,
+)
 
 NO_GPU_MESSAGE = "no CUDA device: GPU training benchmarks need a GPU"
-ALL_TRITON = {"attention": "triton", "layer_norm": "triton", "cross_entropy": "triton", "bias_gelu": "triton"}
-# mode -> (precision.dtype, precision.compile, kernels section)
-MODES = {
-    "eager": ("bf16", False, {}),
-    "compile": ("bf16", True, {}),
-    "compile+fp8": ("fp8", True, {}),
-    "compile+triton": ("bf16", True, ALL_TRITON),
-}
-# the issue's targets on one H100, per model: (unit, figure)
-TARGETS = {"vit_b16": ("samples_per_s", 4000), "gpt2_small": ("tokens_per_s", 500_000)}
-
-# model -> (spec model section, data section, batch size); the shapes the issue names
-WORKLOADS = {
-    "vit_b16": (
-        {"family": "vit", "preset": "vit_b16"},
-        {"source": "synthetic", "kind": "image", "image_size": 224, "in_channels": 3, "num_classes": 1000},
-        256,
-    ),
-    "gpt2_small": (
-        {"family": "gpt", "preset": "gpt2_small"},
-        {"source": "synthetic", "kind": "tokens", "seq_len": 1024, "vocab_size": 50257},
-        16,
-    ),
-}
-# --dry-run: the same code path on shapes a CPU runs in seconds
-TINY = {
-    "vit_b16": (
-        {"family": "vit", "preset": "vit_micro", "overrides": {"depth": 1}},
-        {"source": "synthetic", "kind": "image", "image_size": 28, "in_channels": 1, "num_classes": 10},
-        8,
-    ),
-    "gpt2_small": (
-        {"family": "gpt", "preset": "gpt_nano", "overrides": {"n_layer": 1}},
-        {"source": "synthetic", "kind": "tokens", "seq_len": 16, "vocab_size": 64},
-        4,
-    ),
-}
-
-
-def make_spec(model: dict, data: dict, batch: int, mode: str, storage: str, loader_workers: int = 0):
-    from core.spec import validate
-
-    dtype, compile_, kernels = MODES[mode]
-    return validate(
-        {
-            "name": "bench",
-            "model": model,
-            "data": {
-                **data,
-                "batch_size": batch,
-                "eval_split": 0.0,
-                "num_samples": 64 * batch,
-                "loader_workers": loader_workers,
-            },
-            "train": {"steps": 1, "clip_grad_norm": 1.0},
-            "optimizer": {"name": "adamw", "lr": 1e-4, "weight_decay": 0.1},
-            "scheduler": {"name": "constant"},
-            "parallel": {"strategy": "none"},
-            "precision": {"dtype": dtype, "compile": compile_},
-            "kernels": kernels,
-            "checkpoint": {"storage": storage},
-        }
-    )
-
-
-def synthetic_batch(info, device, batch: int):
-    import torch
-
-    if info.kind == "tokens":
-        x = torch.randint(0, info.vocab_size, (batch, info.seq_len), device=device)
-        return x, torch.roll(x, -1, dims=1)
-    x = torch.randn(batch, info.in_channels, info.image_size, info.image_size, device=device)
-    return x, torch.randint(0, info.num_classes, (batch,), device=device)
-
-
-def use_legacy_loop(trainer) -> None:
-    """The loop before the GPU measurements: for-each AdamW, an fp32 copy of the logits and
-    an uncompiled built-in loss (kept here only to measure the change against)."""
-    import torch
-
-    import kernels
-
-    groups = [
-        {"params": g["params"], "weight_decay": g["weight_decay"]} for g in trainer.optimizer.param_groups
-    ]
-    o = trainer.spec.optimizer
-    trainer.optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True)
-    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, lambda step: 1.0)
-    impl = trainer.spec.kernels.cross_entropy
-
-    def loss(logits, target, label_smoothing):
-        return kernels.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(),
-            target.reshape(-1),
-            label_smoothing=label_smoothing,
-            impl=impl,
-        )
-
-    trainer.loss = loss
 
 
 def time_steps(step, device, steps: int) -> tuple[list[float], float]:
@@ -208,7 +119,7 @@ def bench_one(
 
     model_section, data_section, batch = workload
     dtype, compile_, kernel_impls = MODES[mode]
-    torch._dynamo.reset()
+    torch.compiler.reset()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory(prefix="gpu-train-") as storage:
         spec = make_spec(model_section, data_section, batch, mode, storage)
@@ -314,81 +225,6 @@ def loader_rate(name: str, workload, device, workers: int, batches: int) -> dict
         "batches": batches,
         "samples_per_s": batches * batch / seconds,
     }
-
-
-def provenance(device, dry_run: bool) -> dict:
-    import torch
-    import triton
-
-    from workers import throughput
-
-    return {
-        "device": throughput.device_name(device),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "commit": git_commit(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "dry_run": dry_run,
-        "compile_backend": os.environ.get("ORCHESTRATOR_COMPILE_BACKEND", "inductor"),
-    }
-
-
-def markdown(report: dict) -> str:
-    p = report["provenance"]
-    lines = [
-        f"# Training throughput on {p['device']}" + (" (dry run on tiny shapes)" if p["dry_run"] else ""),
-        "",
-        f"- torch {p['torch']}, triton {p['triton']}, CUDA {p['cuda']}, commit `{p['commit']}`",
-        f"- {p['date']}; command: `{p['command']}`",
-        "- step time: median GPU period between consecutive steps of `Trainer.step` (no host "
-        "sync in between); compile time apart; FLOPs: FlopCounterMode (2 per MAC, forward + "
-        "backward); MFU against the dense bf16 peak, none for fp8",
-        "- target: ViT-B/16 4,000 images/s, GPT-2 small 500k tokens/s (one H100); `x target` is "
-        "the measured rate over it; `x eager` is over the eager mode of the same loop, this run",
-        "",
-        "| model | mode | loop | batch | step ms | samples/s | tokens/s | TFLOP/s | MFU | x target "
-        "| x eager | compile s | memory GiB |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    eager = {
-        (r["model"], r.get("loop")): r
-        for r in report["results"]
-        if r.get("mode") == "eager" and "error" not in r
-    }
-    for r in report["results"]:
-        if "error" in r:
-            lines.append(
-                f"| {r['model']} | {r['mode']} | {r.get('loop', '')} | | {r['error']} | | | | | | | | |"
-            )
-            continue
-        fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
-        base = eager.get((r["model"], "current"))
-        vs_eager = r["samples_per_s"] / base["samples_per_s"] if base else None
-        target = r["target"]["ratio"] if r.get("target") else None
-        preset = r["preset"] + "".join(f", {k}={v}" for k, v in r.get("model_overrides", {}).items())
-        lines.append(
-            f"| {preset} | {r['mode']} | {r['loop']} | {r['batch']} | "
-            f"{r['step_s_median'] * 1e3:.1f} | {r['samples_per_s']:,.0f} | "
-            f"{fmt(r['tokens_per_s'], ',.0f')} | {r['tflops']:.3g} | "
-            f"{fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} | "
-            f"{fmt(target, '.2f')} | {fmt(vs_eager, '.2f')} | "
-            f"{fmt(r['compile_s'], '.1f')} | {fmt(r['max_memory_gib'], '.1f')} |"
-        )
-    if report.get("loader"):
-        lines += [
-            "",
-            "Data loader alone (synthetic source, pinned memory, copy to the GPU):",
-            "",
-            "| model | loader workers | batch | samples/s |",
-            "|---|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {r['model']} | {r['loader_workers']} | {r['batch']} | {r['samples_per_s']:,.0f} |"
-            for r in report["loader"]
-        ]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:

@@ -7,15 +7,17 @@ and at larger hidden sizes, it times forward and forward+backward with
 triton.testing.do_bench (median of fresh random bf16 inputs), records the
 peak-memory delta of one step, prints a ratio table and writes
 bench/results/kernels-<gpu>-<date>.{json,md} with provenance.  The numbers
-feed the CUDA dispatch table ``kernels._CUDA_TRITON_WINS``.
+feed the CUDA dispatch table, kernels/dispatch_table.json (``--write-table``).
 
     python bench/kernels.py [--quick] [--ops attention,layer_norm] [--dtype bf16]
+
+The report (markdown, targets) is bench/kernels_report.py's; `--write-table` is
+bench/kernels_table.py's.
 """
 
 import argparse
 import datetime as dt
 import json
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -26,6 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO))
 
+from bench.kernels_report import render_markdown, result_paths, speedups  # noqa: E402
+from bench.kernels_table import write_table  # noqa: E402
 from bench.provenance import git_commit  # noqa: E402  (after the path fix above)
 
 NO_GPU_MESSAGE = "no CUDA device; kernel benchmarks need a GPU"
@@ -111,139 +115,6 @@ def parse_args(argv=None):
     if unknown:
         p.error(f"unknown ops {unknown}; choose from {OPS}")
     return args
-
-
-# --- pure helpers (no GPU needed; tested) -----------------------------------
-
-
-def gpu_slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
-
-
-def result_paths(out_dir: Path, gpu_name: str, date: str):
-    stem = f"kernels-{gpu_slug(gpu_name)}-{date}"
-    return out_dir / f"{stem}.json", out_dir / f"{stem}.md"
-
-
-def speedups(row: dict, timing: str = "ms") -> dict:
-    """baseline time / triton time for each baseline (>1: Triton is faster)."""
-    times = row.get(timing) or {}
-    t = times.get("triton")
-    return {
-        k: round(v / t, 3) for k, v in times.items() if not k.startswith("triton") and v is not None and t
-    }
-
-
-def render_markdown(meta: dict, rows: list) -> str:
-    variants = []
-    for r in rows:
-        variants += [v for v in r["ms"] if v not in variants]
-    lines = [f"# Kernel benchmarks: {meta['gpu']}", ""]
-    lines += [
-        f"- {k}: `{meta[k]}`" for k in ("date", "torch", "triton", "cuda", "commit", "dtype", "command")
-    ]
-    lines += [
-        "",
-        "Times are medians in ms (triton.testing.do_bench); `x` columns are "
-        "baseline / triton (> 1 means the Triton kernel is faster); memory is the "
-        "peak-allocation delta of one step in MiB.",
-        "",
-    ]
-    head = ["op", "case", "mode"] + [f"{v} ms" for v in variants]
-    head += [f"x {v}" for v in variants if not v.startswith("triton")]
-    head += [f"{v} MiB" for v in variants if v.startswith("triton") or v == "eager"] + ["max err"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        sp = speedups(r)
-        cells = [r["op"], r["case"], r["mode"]]
-        cells += [_fmt(r["ms"].get(v)) for v in variants]
-        cells += [_fmt(sp.get(v)) for v in variants if not v.startswith("triton")]
-        cells += [_fmt(r["peak_mib"].get(v)) for v in variants if v.startswith("triton") or v == "eager"]
-        cells += [_fmt(r.get("max_abs_err"), ".2e")]
-        lines.append("| " + " | ".join(cells) + " |")
-    wins = [
-        f"{r['op']} / {r['case']}"
-        for r in rows
-        if r["mode"] == "fwd+bwd" and speedups(r) and min(speedups(r).values()) > 1.0
-    ]
-    lines += ["", "Triton beats every baseline (fwd+bwd) at: " + (", ".join(wins) or "none"), ""]
-    checks = target_rows(rows)
-    if checks:
-        lines += [
-            "## Targets",
-            "",
-            "fwd+bwd, Triton against the built-in baselines of the same run; "
-            "`host` includes host overhead (do_bench), `GPU` is the kernels' time alone.",
-            "",
-            "| op | case | measure | target | host | GPU |",
-            "|---|---|---|---|---|---|",
-        ]
-        for op, case, what, target, host, gpu in checks:
-            mark = lambda v, target=target: (
-                "-" if v is None else f"{v:.2f} {'ok' if v >= target else 'missed'}"
-            )
-            lines.append(f"| {op} | {case} | {what} | >= {target:g} | {mark(host)} | {mark(gpu)} |")
-        lines.append("")
-    if any(r.get("kernel_ms") for r in rows):
-        lines += [
-            "## GPU time alone (the kernels' summed durations, no host overhead)",
-            "",
-            "The same calls under the profiler: the summed durations of the kernels each "
-            "call launches, which is what a GPU-bound training step pays.",
-            "",
-        ]
-        head = ["op", "case", "mode"] + [f"{v} ms" for v in variants]
-        head += [f"x {v}" for v in variants if not v.startswith("triton")]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for r in rows:
-            sp = speedups(r, "kernel_ms")
-            cells = [r["op"], r["case"], r["mode"]] + [
-                _fmt((r.get("kernel_ms") or {}).get(v)) for v in variants
-            ]
-            cells += [_fmt(sp.get(v)) for v in variants if not v.startswith("triton")]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-# The issue's targets: (op, case, what, figure); checked on fwd+bwd rows.
-TARGETS = [
-    ("layer_norm", None, "x eager", 1.2),
-    ("layer_norm", None, "x compile", 1.0),
-    ("cross_entropy", "gpt2-s b8", "x eager", 2.0),
-    ("cross_entropy", "gpt2-s b8", "memory / eager", 4.0),
-    ("attention", "gpt2-s b8", "x fastest SDPA", 0.9),
-    ("attention", "b8 full", "x fastest SDPA", 0.9),
-]
-
-
-def target_rows(rows: list) -> list:
-    """[(op, case, what, target, measured with host overhead, measured GPU time)]."""
-    out = []
-    for op, case, what, target in TARGETS:
-        for r in rows:
-            if r["op"] != op or r["mode"] != "fwd+bwd" or (case and r["case"] != case):
-                continue
-            figures = []
-            for timing in ("ms", "kernel_ms"):
-                times = r.get(timing) or {}
-                t = times.get("triton")
-                if what == "memory / eager":
-                    mem = r["peak_mib"]
-                    value = mem.get("eager") / mem["triton"] if mem.get("triton") else None
-                elif what == "x fastest SDPA":
-                    sdpa = [v for k, v in times.items() if k.startswith("sdpa") and v]
-                    value = min(sdpa) / t if sdpa and t else None
-                else:
-                    base = times.get(what.split()[-1])
-                    value = base / t if base and t else None
-                figures.append(value)
-            out.append((op, r["case"], what, target, *figures))
-    return out
-
-
-def _fmt(v, spec=".3f"):
-    return "-" if v is None else format(v, spec)
 
 
 # --- GPU part ----------------------------------------------------------------
@@ -412,7 +283,7 @@ def run_benchmarks(args, save=lambda rows: None) -> list:
             if args.quick and case != QUICK_CASE[op]:
                 continue
             torch.manual_seed(0)
-            torch._dynamo.reset()
+            torch.compiler.reset()
             make, fns = _make_case(op, params, dtype, device)
             if not args.no_compile:  # one compiled function per case: fwd, then fwd+bwd
                 fns["compile"] = torch.compile(fns["eager"], dynamic=False)
@@ -460,89 +331,6 @@ def run_benchmarks(args, save=lambda rows: None) -> list:
             del shared, fns
             torch.cuda.empty_cache()
     return rows
-
-
-# --- the dispatch table for impl="auto" -----------------------------------------
-
-WIN_MARGIN = 0.95  # Triton must take at most 95% of the best built-in time, both ways timed
-
-
-def _dims(op: str, params: dict) -> dict:
-    if op in ("layer_norm", "bias_gelu"):
-        return {"dim": params["dim"]}
-    if op == "attention":
-        return {"head_dim": params["head_dim"], "seq": params["seq"], "causal": params["causal"]}
-    if op == "cross_entropy":
-        return {"vocab": params["vocab"]}
-    return {"vocab": params["vocab"], "hidden": params["hidden"]}
-
-
-def dispatch_entries(report: dict, source: str) -> list:
-    """One entry per (op, case) of a results file: "triton" where its fwd+bwd time, with
-    host overhead (do_bench) and without (the kernels' own time), beat every built-in baseline."""
-    sys.path.insert(0, str(REPO))
-    from kernels import dispatch
-
-    meta, entries = report["meta"], []
-    for row in report["results"]:
-        if row["mode"] != "fwd+bwd" or row["op"] not in (
-            "layer_norm",
-            "attention",
-            "cross_entropy",
-            "fused_linear_cross_entropy",
-            "bias_gelu",
-        ):
-            continue
-        baselines = [v for v in row["ms"] if not v.startswith("triton") and v != "eager-lowp"]
-        won = True
-        for timing in ("ms", "kernel_ms"):
-            t = row.get(timing, {}).get("triton")
-            best = [row.get(timing, {}).get(v) for v in baselines]
-            best = [b for b in best if b is not None]
-            won = won and t is not None and bool(best) and t <= WIN_MARGIN * min(best)
-        dims = _dims(row["op"], row["params"])
-        entries.append(
-            {
-                "gpu": meta["gpu"],
-                "op": row["op"],
-                "dtype": meta["dtype"],
-                "bucket": dispatch.shape_bucket(row["op"], **dims),
-                "dims": dims,
-                "impl": "triton" if won else "torch",
-                "case": row["case"],
-                "ms": row["ms"],
-                "kernel_ms": row.get("kernel_ms", {}),
-                "source": source,
-            }
-        )
-    return entries
-
-
-def write_table(result_files: list, table_path: Path) -> dict:
-    entries, sources = {}, []
-    for path in result_files:
-        report = json.loads(Path(path).read_text())
-        source = (
-            str(Path(path).resolve().relative_to(REPO))
-            if Path(path).resolve().is_relative_to(REPO)
-            else str(path)
-        )
-        sources.append({"file": source, "commit": report["meta"]["commit"], "date": report["meta"]["date"]})
-        for e in dispatch_entries(report, source):
-            key = (e["gpu"], e["op"], e["dtype"], e["bucket"])
-            earlier = entries.get(key)
-            if earlier is not None and earlier["source"] == source and earlier["impl"] == "torch":
-                continue  # several cases in one bucket: Triton must win them all
-            entries[key] = e  # a later results file replaces an earlier one
-    table = {
-        "note": "written by bench/kernels.py --write-table; impl='auto' runs Triton only "
-        "where an entry says triton (fwd+bwd at most "
-        f"{WIN_MARGIN:.0%} of the best built-in time, timed with and without host overhead)",
-        "sources": sources,
-        "entries": list(entries.values()),
-    }
-    table_path.write_text(json.dumps(table, indent=1) + "\n")
-    return table
 
 
 def main(argv=None) -> int:

@@ -21,6 +21,9 @@ runs out and lose the steps since their last periodic checkpoint. The simulator 
 invariants as it runs (no node over capacity, no job running twice, every job finishes),
 then runs the same workload under `FifoPolicy` for comparison. Results go to
 `<out>/scheduler_sim.json` and `.md`, with their provenance.
+
+The workload and the records are bench/scheduler_sim_workload.py's; the summary and the
+markdown, bench/scheduler_sim_report.py's.
 """
 
 from __future__ import annotations
@@ -29,14 +32,11 @@ import argparse
 import datetime
 import heapq
 import json
-import math
 import os
 import platform
 import random
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,154 +44,25 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from provenance import git_commit  # noqa: E402  (bench/provenance.py: this script's folder is on sys.path)
-from sim_stats import decision_summary, percentile  # noqa: E402
 
 from bench.fifo import FifoPolicy  # noqa: E402
+from bench.scheduler_sim_report import compare, print_result, render_markdown, summarize  # noqa: E402
+from bench.scheduler_sim_workload import (  # noqa: E402
+    EPS,
+    Config,
+    JobPlan,
+    Outcome,
+    SimJob,
+    describe_workload,
+    make_workload,
+)
 from core.queues import validate_queue_config  # noqa: E402
 from orchestrator.policy import Allocation, JobRequest, Node, Policy  # noqa: E402
 
-PRIORITY_NAMES = {0: "low", 1: "normal", 2: "high"}
-SIZES = (1, 2, 4, 8, 16, 32)  # GPUs per job
-SIZE_WEIGHTS = (0.35, 0.20, 0.17, 0.14, 0.09, 0.05)  # many small jobs, few big ones
-PRIORITY_WEIGHTS = (0.45, 0.40, 0.15)  # low, normal, high
-EPS = 1e-6
 # what this simulation measures: priorities, gangs, EASY backfill and preemption by priority,
 # with FIFO within a level; it keeps no attained service, which the default order (las-share)
 # needs: that order is replayed by `--trace` (`trace_sim.py`) and `scheduler_philly.py`
 PRIORITY_FIFO = validate_queue_config({"order": "fifo"})
-
-
-@dataclass
-class Config:
-    jobs: int = 10_000
-    nodes: int = 64
-    gpus_per_node: int = 8
-    cpus_per_node: int = 64
-    seed: int = 0
-    load: float = 1.0  # offered GPU load: arrival rate x mean GPU-seconds per job / GPUs
-    median_runtime_s: float = 1800.0
-    runtime_sigma: float = 1.0  # of the log-normal runtime
-    preemptible_share_low: float = 0.7  # of low-priority jobs
-    estimate_share: float = 0.5  # jobs submitted with a runtime estimate
-    checkpoint_every_s: float = 1800.0  # periodic checkpoints, in work time
-    ack_s: float = 30.0  # a victim that acknowledges stops this long after being told
-    grace_s: float = 300.0  # one that does not is killed after this long
-    no_ack_share: float = 0.05  # of victims
-    backfill_window: int = 100
-
-
-@dataclass
-class JobPlan:
-    """One synthetic job: what is submitted, and how long it really takes."""
-
-    id: str
-    submit: float
-    gpus: int
-    workers: int
-    per_worker: dict[str, float]
-    priority: int
-    preemptible: bool
-    steps: int
-    step_s: float
-    estimate_factor: float | None  # the user's estimate over the true runtime, if given
-
-
-@dataclass
-class SimJob:
-    plan: JobPlan
-    done_steps: int = 0  # progress saved in a checkpoint, where a restart resumes
-    queued_since: float = 0.0
-    waited_s: float = 0.0
-    started_at: float | None = None  # of the current attempt
-    first_start: float | None = None
-    finished_at: float | None = None
-    generation: int = 0  # bumps on every start or stop, so stale events are ignored
-    stopping: bool = False
-    unacknowledged: bool = False  # this stop will be a kill at the end of the grace period
-    preemptions: int = 0
-    lost_steps: int = 0
-
-    def request(self) -> JobRequest:
-        plan = self.plan
-        remaining_s = (plan.steps - self.done_steps) * plan.step_s
-        estimate = None if plan.estimate_factor is None else remaining_s * plan.estimate_factor
-        return JobRequest(
-            plan.id,
-            plan.priority,
-            plan.workers,
-            plan.per_worker,
-            plan.submit,  # the original submission time, kept across requeues (aging)
-            plan.preemptible,
-            "default",
-            estimate,
-        )
-
-    def steps_at(self, now: float) -> int:
-        return min(self.plan.steps, self.done_steps + int((now - self.started_at) / self.plan.step_s + EPS))
-
-
-def make_workload(cfg: Config) -> list[JobPlan]:
-    rng = random.Random(cfg.seed)
-    total_gpus = cfg.nodes * cfg.gpus_per_node
-    sizes = [(s, w) for s, w in zip(SIZES, SIZE_WEIGHTS) if s <= total_gpus]
-    cpus_per_gpu = cfg.cpus_per_node / cfg.gpus_per_node
-    plans = []
-    for index in range(cfg.jobs):
-        gpus = rng.choices([s for s, _ in sizes], [w for _, w in sizes])[0]
-        shape = rng.random()
-        if gpus >= cfg.gpus_per_node and gpus % cfg.gpus_per_node == 0 and shape < 0.75:
-            # multi-node jobs mostly run one worker per whole node
-            workers = gpus // cfg.gpus_per_node
-            per_worker = {"GPU": cfg.gpus_per_node, "CPU": cfg.cpus_per_node}
-        elif 1 < gpus < cfg.gpus_per_node and shape < 0.5:
-            # single-node jobs: one worker holding all the job's GPUs
-            workers, per_worker = 1, {"GPU": gpus, "CPU": cpus_per_gpu * gpus}
-        else:
-            workers, per_worker = gpus, {"GPU": 1, "CPU": rng.choice([cpus_per_gpu / 2, cpus_per_gpu])}
-        runtime = min(
-            max(rng.lognormvariate(math.log(cfg.median_runtime_s), cfg.runtime_sigma), 120.0), 36 * 3600
-        )
-        step_s = rng.uniform(0.5, 2.0)
-        priority = rng.choices((0, 1, 2), PRIORITY_WEIGHTS)[0]
-        plans.append(
-            JobPlan(
-                id=f"job-{index:05d}",
-                submit=0.0,
-                gpus=gpus,
-                workers=workers,
-                per_worker=per_worker,
-                priority=priority,
-                preemptible=priority == 0 and rng.random() < cfg.preemptible_share_low,
-                steps=max(1, round(runtime / step_s)),
-                step_s=step_s,
-                estimate_factor=rng.uniform(0.9, 1.8) if rng.random() < cfg.estimate_share else None,
-            )
-        )
-    # Poisson arrivals at the rate that offers `load` of the cluster's GPU-seconds
-    mean_gpu_s = statistics.fmean(p.gpus * p.steps * p.step_s for p in plans)
-    rate = cfg.load * total_gpus / mean_gpu_s
-    now = 0.0
-    for plan in plans:
-        plan.submit = now
-        now += rng.expovariate(rate)
-    return plans
-
-
-@dataclass
-class Outcome:
-    name: str
-    jobs: dict[str, SimJob]
-    makespan_s: float
-    gpu_busy_s: float
-    gpu_useful_s: float
-    queued_s: float = 0.0  # time during which some job was waiting
-    gpu_busy_queued_s: float = 0.0  # GPU-time held during that time
-    decision_s: list[float] = field(default_factory=list)
-    events: int = 0
-    max_pending: int = 0
-    preemptions: int = 0
-    unacknowledged: int = 0
-    invariant_checks: int = 0
 
 
 def simulate(name: str, policy, plans: list[JobPlan], cfg: Config) -> Outcome:
@@ -344,150 +215,6 @@ def _check_consistency(used: dict[str, dict[str, float]], running: dict[str, All
             assert abs(expected[node_id][res] - amount) < 1e-3, f"{node_id}: {res} accounting drifted"
 
 
-def summarize(outcome: Outcome, total_gpus: int) -> dict:
-    jobs = outcome.jobs.values()
-    waits = {
-        PRIORITY_NAMES[level]: [job.waited_s for job in jobs if job.plan.priority == level]
-        for level in sorted(PRIORITY_NAMES)
-    }
-    decision_ms = [s * 1e3 for s in outcome.decision_s]
-    capacity_s = total_gpus * outcome.makespan_s
-    return {
-        "makespan_h": outcome.makespan_s / 3600,
-        "gpu_utilisation": outcome.gpu_busy_s / capacity_s,
-        "gpu_goodput": outcome.gpu_useful_s / capacity_s,
-        # how well the GPUs are packed while there is work waiting (the part the policy decides)
-        "gpu_utilisation_queued": outcome.gpu_busy_queued_s / (total_gpus * outcome.queued_s)
-        if outcome.queued_s
-        else None,
-        "queued_h": outcome.queued_s / 3600,
-        "wait_h": {
-            name: {
-                "jobs": len(values),
-                "mean": statistics.fmean(values) / 3600 if values else 0.0,
-                "p50": percentile(values, 50) / 3600,
-                "p99": percentile(values, 99) / 3600,
-            }
-            for name, values in waits.items()
-        },
-        "preemptions": outcome.preemptions,
-        "unacknowledged_preemptions": outcome.unacknowledged,
-        "steps_lost": sum(job.lost_steps for job in jobs),
-        "gpu_hours_lost": sum(job.lost_steps * job.plan.step_s * job.plan.gpus for job in jobs) / 3600,
-        "decision_ms": decision_summary(decision_ms),
-        "max_pending": outcome.max_pending,
-        "invariant_checks": outcome.invariant_checks,
-        "invariants_held": True,  # any violation stops the run with an AssertionError
-    }
-
-
-def describe_workload(plans: list[JobPlan], total_gpus: int) -> dict:
-    runtimes = [p.steps * p.step_s for p in plans]
-    return {
-        "jobs_by_gpus": {str(size): sum(p.gpus == size for p in plans) for size in SIZES},
-        "jobs_by_priority": {
-            name: sum(p.priority == level for p in plans) for level, name in PRIORITY_NAMES.items()
-        },
-        "whole_node_workers": sum(p.per_worker["GPU"] > 1 and p.workers > 1 for p in plans),
-        "preemptible": sum(p.preemptible for p in plans),
-        "with_estimate": sum(p.estimate_factor is not None for p in plans),
-        "runtime_h": {"median": percentile(runtimes, 50) / 3600, "mean": statistics.fmean(runtimes) / 3600},
-        "arrivals_span_h": (plans[-1].submit - plans[0].submit) / 3600,
-        "offered_gpu_h": sum(p.gpus * r for p, r in zip(plans, runtimes)) / 3600,
-        "gpus": total_gpus,
-    }
-
-
-def compare(policy: dict, fifo: dict) -> dict:
-    def ratio(a: float, b: float) -> float | None:
-        return a / b if b > 0 else None
-
-    return {
-        "utilisation_ratio": ratio(policy["gpu_utilisation"], fifo["gpu_utilisation"]),
-        "utilisation_queued_ratio": ratio(
-            policy["gpu_utilisation_queued"] or 0.0, fifo["gpu_utilisation_queued"] or 0.0
-        ),
-        "makespan_ratio": ratio(policy["makespan_h"], fifo["makespan_h"]),
-        "p99_wait_ratio": {
-            name: ratio(policy["wait_h"][name]["p99"], fifo["wait_h"][name]["p99"])
-            for name in policy["wait_h"]
-        },
-        "mean_wait_ratio": {
-            name: ratio(policy["wait_h"][name]["mean"], fifo["wait_h"][name]["mean"])
-            for name in policy["wait_h"]
-        },
-    }
-
-
-def render_markdown(record: dict) -> str:
-    cfg, policy, fifo, ratios = record["config"], record["policy"], record["fifo"], record["comparison"]
-
-    def fmt(value: float | None, digits: int = 2) -> str:
-        return "n/a" if value is None else f"{value:.{digits}f}"
-
-    def fmt_share(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.1%}"
-
-    lines = [
-        "# Scheduling policy simulation",
-        "",
-        f"- {record['date']}; commit `{record['commit']}`; command: `{record['command']}`",
-        f"- Python {record['machine']['python']} on {record['machine']['platform']},"
-        f" {record['machine']['cpus']} CPU(s); wall time {record['wall_s']:.1f} s for both runs",
-        f"- workload: {cfg['jobs']:,} jobs on {cfg['nodes']} nodes x {cfg['gpus_per_node']} GPUs"
-        f" ({cfg['nodes'] * cfg['gpus_per_node']} GPUs), seed {cfg['seed']}, offered load {cfg['load']:.2f};"
-        f" log-normal runtimes (median {cfg['median_runtime_s'] / 60:.0f} min, sigma {cfg['runtime_sigma']});"
-        f" {cfg['estimate_share']:.0%} of jobs with a runtime estimate;"
-        f" {cfg['no_ack_share']:.0%} of victims do not acknowledge (killed after {cfg['grace_s']:.0f} s)",
-        "- wait: total time a job spent queued (first submission to start, plus every requeue);"
-        " utilisation: GPU-time held by jobs over GPUs x makespan (while jobs wait: over the time some"
-        " job was queued); goodput: GPU-time of the work that was kept",
-        "",
-        "| | Policy | FIFO | Policy / FIFO |",
-        "|---|---:|---:|---:|",
-        f"| makespan (h) | {policy['makespan_h']:.1f} | {fifo['makespan_h']:.1f}"
-        f" | {fmt(ratios['makespan_ratio'])} |",
-        f"| GPU utilisation | {policy['gpu_utilisation']:.1%} | {fifo['gpu_utilisation']:.1%}"
-        f" | {fmt(ratios['utilisation_ratio'])} |",
-        f"| GPU goodput | {policy['gpu_goodput']:.1%} | {fifo['gpu_goodput']:.1%} | |",
-        f"| GPU utilisation while jobs wait | {fmt_share(policy['gpu_utilisation_queued'])}"
-        f" | {fmt_share(fifo['gpu_utilisation_queued'])}"
-        f" | {fmt(ratios['utilisation_queued_ratio'])} |",
-    ]
-    for name in policy["wait_h"]:
-        p, f = policy["wait_h"][name], fifo["wait_h"][name]
-        lines.append(
-            f"| wait {name} ({p['jobs']} jobs): mean / p99 (h) | {p['mean']:.2f} / {p['p99']:.2f}"
-            f" | {f['mean']:.2f} / {f['p99']:.2f}"
-            f" | {fmt(ratios['mean_wait_ratio'][name])} / {fmt(ratios['p99_wait_ratio'][name])} |"
-        )
-    lines += [
-        f"| preemptions (not acknowledged) | {policy['preemptions']} ({policy['unacknowledged_preemptions']})"
-        f" | {fifo['preemptions']} | |",
-        f"| steps lost (GPU-hours) | {policy['steps_lost']:,} ({policy['gpu_hours_lost']:.1f})"
-        f" | {fifo['steps_lost']:,} | |",
-        f"| largest queue | {policy['max_pending']:,} | {fifo['max_pending']:,} | |",
-        "",
-        "Decision time per event (one `schedule` call):",
-        "",
-        "| | events | mean ms | p50 ms | p99 ms | max ms |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for label, result in (("Policy", policy), ("FIFO", fifo)):
-        d = result["decision_ms"]
-        lines.append(
-            f"| {label} | {d['events']:,} | {d['mean']:.3f} | {d['p50']:.3f} | {d['p99']:.3f}"
-            f" | {d['max']:.2f} |"
-        )
-    lines += [
-        "",
-        f"Invariants held in both runs (capacity, no job twice, every job finished;"
-        f" {policy['invariant_checks']} full accounting checks in the policy run).",
-        "",
-    ]
-    return "\n".join(lines)
-
-
 def replay_trace(args: argparse.Namespace, argv: list[str] | None) -> int:
     """`--trace`: every policy on the trace, a line each, and the table as JSON (`--json`)."""
     from trace_sim import POLICIES, SimConfig, replay
@@ -575,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         outcome = simulate(name, policy, plans, cfg)
         results[name] = summarize(outcome, total_gpus)
         results[name]["wall_s"] = time.perf_counter() - started
-        _print_result(name, results[name])
+        print_result(name, results[name])
     wall = time.perf_counter() - wall
     ratios = compare(results["policy"], results["fifo"])
     print(
@@ -611,19 +338,6 @@ def main(argv: list[str] | None = None) -> int:
     (out / "scheduler_sim.md").write_text(render_markdown(record))
     print(f"written to {out / 'scheduler_sim.json'} and {out / 'scheduler_sim.md'} ({wall:.1f} s)")
     return 0
-
-
-def _print_result(name: str, result: dict) -> None:
-    d = result["decision_ms"]
-    waits = ", ".join(f"{level} {w['mean']:.2f}/{w['p99']:.2f} h" for level, w in result["wait_h"].items())
-    print(
-        f"{name:6s} makespan {result['makespan_h']:.1f} h, GPU utilisation {result['gpu_utilisation']:.1%}"
-        f" (goodput {result['gpu_goodput']:.1%}); wait mean/p99 {waits}; preemptions {result['preemptions']}"
-        f" ({result['unacknowledged_preemptions']} not acknowledged, {result['steps_lost']:,} steps lost);"
-        f" decision ms mean {d['mean']:.3f} p50 {d['p50']:.3f} p99 {d['p99']:.3f} max {d['max']:.2f}"
-        f" over {d['events']:,} events; {result['wall_s']:.1f} s",
-        flush=True,
-    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ fp32 for 16-bit logits (fp64 for fp64), as autocast gives for F.cross_entropy.
 logits, overwrites them in place with the gradient in the forward pass
 (Liger-Kernel's scheme) and immediately folds them into d_hidden / d_weight;
 the full (N, V) logits never exist.  See NOTES.md for the trade-off.
+
+The kernels' Triton source is in cross_entropy_jit.py; this file holds the rest, top to
+bottom: references, configs, jit factory, custom ops with their fakes, autograd functions.
 """
 
 import functools
@@ -27,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._common import NAMESPACE, acc_dtype, interpreting, launch, maybe_autotune, next_power_of_2, tl, triton
+from ._common import NAMESPACE, acc_dtype, interpreting, launch, maybe_autotune, next_power_of_2, triton
+from .cross_entropy_jit import jit_kernels
 
 INTERPRET_META = {"BLOCK_V": 16}  # small chunks: several per row even for tiny V
 
@@ -83,97 +87,20 @@ def _prune(configs, nargs, **kwargs):
 
 @functools.cache
 def _triton_kernels(interpret: bool):
-    @triton.jit
-    def cross_entropy_fwd_kernel(
-        LOGITS,
-        TARGET,
-        LOSS,
-        LSE,
-        GRAD_SCALE,
-        stride,
-        V,
-        ignore_index,
-        smoothing,
-        WRITE_GRAD: tl.constexpr,
-        ACC: tl.constexpr,
-        BLOCK_V: tl.constexpr,
-    ):
-        row = tl.program_id(0).to(tl.int64)
-        base = LOGITS + row * stride
-        t = tl.load(TARGET + row)
-        m = tl.full((), float("-inf"), ACC)
-        s = tl.zeros((), ACC)
-        x_sum = tl.zeros((), ACC)
-        for start in range(0, V, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
-            x = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(ACC)
-            m_new = tl.maximum(m, tl.max(x, axis=0))  # finite: chunk 0 has a real column
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            x_sum += tl.sum(tl.where(cols < V, x, 0.0), axis=0)
-            m = m_new
-        lse = m + tl.log(s)
-        ignored = t == ignore_index
-        x_t = tl.load(base + t, mask=t != ignore_index, other=0.0).to(ACC)
-        loss = lse - (1.0 - smoothing) * x_t - smoothing * x_sum / V
-        tl.store(LOSS + row, tl.where(ignored, 0.0, loss))
-        tl.store(LSE + row, lse)
-        if WRITE_GRAD:  # second pass over this row: logits -> d(loss)/d(logits)
-            g = tl.where(ignored, 0.0, tl.load(GRAD_SCALE).to(ACC))
-            for start in range(0, V, BLOCK_V):
-                cols = start + tl.arange(0, BLOCK_V)
-                x = tl.load(base + cols, mask=cols < V, other=0.0).to(ACC)
-                grad = tl.exp(x - lse) - smoothing / V - tl.where(cols == t, 1.0 - smoothing, 0.0)
-                tl.store(base + cols, (grad * g).to(LOGITS.dtype.element_ty), mask=cols < V)
-
-    @triton.jit
-    def cross_entropy_bwd_kernel(
-        LOGITS,
-        TARGET,
-        LSE,
-        DLOGITS,
-        GRAD_SCALE,
-        stride,
-        dstride,
-        V,
-        ignore_index,
-        smoothing,
-        ACC: tl.constexpr,
-        BLOCK_V: tl.constexpr,
-    ):
-        row = tl.program_id(0).to(tl.int64)
-        t = tl.load(TARGET + row)
-        lse = tl.load(LSE + row)
-        g = tl.where(t == ignore_index, 0.0, tl.load(GRAD_SCALE).to(ACC))
-        for start in range(0, V, BLOCK_V):
-            cols = start + tl.arange(0, BLOCK_V)
-            x = tl.load(LOGITS + row * stride + cols, mask=cols < V, other=0.0).to(ACC)
-            grad = tl.exp(x - lse) - smoothing / V - tl.where(cols == t, 1.0 - smoothing, 0.0)
-            tl.store(DLOGITS + row * dstride + cols, (grad * g).to(DLOGITS.dtype.element_ty), mask=cols < V)
-
-    @triton.jit
-    def scale_kernel(X, SCALE, numel, BLOCK: tl.constexpr):
-        # x *= scale, read on the device; a no-op (no memory traffic) when scale == 1,
-        # the usual incoming gradient of a loss, so no host sync is needed to skip it.
-        s = tl.load(SCALE)
-        if s != 1.0:
-            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < numel
-            x = tl.load(X + offs, mask=mask, other=0.0)
-            tl.store(X + offs, (x.to(s.dtype) * s).to(X.dtype.element_ty), mask=mask)
-
+    jit = jit_kernels()  # decorated here, at the first launch (cross_entropy_jit.py)
     prune = {"early_config_prune": _prune}
     return SimpleNamespace(
         # The in-place variant rewrites LOGITS, so benchmarking configs must restore it.
         fwd=maybe_autotune(
-            cross_entropy_fwd_kernel,
+            jit.fwd,
             _configs(),
             ["V", "WRITE_GRAD"],
             interpret,
             restore_value=["LOGITS"],
             prune_configs_by=prune,
         ),
-        bwd=maybe_autotune(cross_entropy_bwd_kernel, _configs(), ["V"], interpret, prune_configs_by=prune),
-        scale=scale_kernel,
+        bwd=maybe_autotune(jit.bwd, _configs(), ["V"], interpret, prune_configs_by=prune),
+        scale=jit.scale,
     )
 
 

@@ -214,7 +214,7 @@ def test_torch_compile_full_graph_matches_eager(interpret):
     q, k, v = (torch.randn(1, 2, 9, 16, requires_grad=True) for _ in range(3))
     target = torch.randint(0, 20, (6,))
     inputs = (x, w, b, q, k, v)
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(_model_step, backend="aot_eager", fullgraph=True)
     out = compiled(*inputs, target)
     grads = torch.autograd.grad(out, inputs)
@@ -233,7 +233,7 @@ def test_torch_compile_inductor_layer_norm(interpret):
     def fn(x, w, b):
         return kernels.layer_norm(x * 2.0, w, b, impl="triton").relu()
 
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(fn, fullgraph=True)  # default backend: inductor
     out = compiled(x, w, b)
     dy = torch.randn_like(out)

@@ -7,7 +7,8 @@ no Ray (tests/test_layers.py checks it), so it can be simulated and property-tes
 - `admission`: gang placement of all of a job's workers at once, resource arithmetic, and the
   "larger than the cluster" check made at submission.
 - `preemption`: which lower-priority preemptible jobs to stop so that a job can start.
-- `policy`: one scheduling pass (`Policy.schedule`); `room`, the free room a pass hands out;
+- `policy`: one scheduling pass (`Policy.schedule`); `reservation`, the head's reservation and
+  the backfill around it; `room`, the free room a pass hands out;
   `victims`, whom it stops for its head (`defrag`: moves when free room is spread too thin);
   `elastic`, resizes and growing; `las` and `cohorts`, the queue orders and fair share.
 - `autoscale`: what to ask an autoscaler for (node types that would let waiting jobs start).
