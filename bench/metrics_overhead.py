@@ -93,10 +93,10 @@ def consumer_cpu_s(driver: subprocess.Popen) -> dict:
     samples: list[tuple[float, dict[str, float]]] = []
     processes = {"driver": psutil.Process(driver.pid)}
     while driver.poll() is None:
-        if "state_actor" not in processes:
+        if "controller" not in processes:
             for process in psutil.process_iter(["name"]):
-                if process.info["name"] == "ray::RunState":
-                    processes["state_actor"] = process
+                if process.info["name"] == "ray::AttemptController":
+                    processes["controller"] = process
         cpu = {}
         for role, process in processes.items():
             try:
@@ -187,7 +187,7 @@ def main() -> int:
             print(f"wrote {out}")
         return 0
 
-    from tests.ray_cluster import start_ray_head, stop_ray_head
+    from orchestrator.testing.local_cluster import start_ray_head, stop_ray_head
 
     head = start_ray_head(num_cpus=4)
     env = {**os.environ, "PYTHONPATH": str(ROOT), **head.env}
@@ -212,7 +212,7 @@ def main() -> int:
             # on a machine the workers keep busy lengthens their steps by at most that much
             extra = {
                 role: on_run["consumer_cpu_s"].get(role, 0.0) - off_run["consumer_cpu_s"].get(role, 0.0)
-                for role in ("driver", "state_actor")
+                for role in ("driver", "controller")
             }
             pairs.append(
                 {"on_step_s": on, "off_step_s": off, "ratio": on / off, "consumer_core_share": extra}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,32 @@ def resolve(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
 
 def is_local(uri: str) -> bool:
     return "://" not in uri or uri.startswith("file://")
+
+
+def is_absolute(uri: str) -> bool:
+    """A URI or an absolute local path: one that means the same wherever it is read."""
+    return "://" in uri or os.path.isabs(uri)
+
+
+def as_the_user_meant(uri: str, cwd: str | None, home: str) -> str:
+    """`uri` as the user meant it: a relative local path made absolute from the directory they
+    stood in (`cwd`), one under ~ from their home; URIs and absolute paths unchanged. The one
+    place a relative checkpoint path is resolved (the service, for every submission; `orchestrator
+    run` without a service). `cwd` None: where they stood is not known (the driver of a `ray job
+    submit` from a directory this machine did not record): ValueError, since Ray runs the job in
+    a temporary copy of its working directory."""
+    if is_absolute(uri):
+        return uri
+    if uri == "~" or uri.startswith("~/"):
+        return posixpath.normpath(home + uri[1:])
+    if cwd is None:
+        raise ValueError(
+            f"checkpoint.storage '{uri}' is relative, and `ray job submit` runs the job in a temporary "
+            "copy of its working directory, deleted with the cluster, without saying where it came "
+            "from: give an absolute path or a URI (--set checkpoint.storage=$PWD/"
+            f"{uri.removeprefix('./')}), or submit with `orchestrator submit`"
+        )
+    return posixpath.normpath(posixpath.join(cwd, uri))
 
 
 def join(uri: str, *parts: str) -> str:
@@ -81,7 +108,8 @@ def check_writable(uri: str) -> None:
     try:
         fs, path = resolve(uri)
         fs.create_dir(path, recursive=True)
-        probe = posixpath.join(path, f".write-probe-{os.getpid()}")
+        # a name of its own per call: two checks of one place at once must not meet
+        probe = posixpath.join(path, f".write-probe-{os.getpid()}-{secrets.token_hex(6)}")
         with fs.open_output_stream(probe) as out:
             out.write(b"ok")
         fs.delete_file(probe)

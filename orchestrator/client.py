@@ -1,8 +1,9 @@
 """How anything outside the orchestrator service reaches it: the CLI and the jobs' drivers.
 
-Two ways in. The service's HTTP API (the status page's server, `monitoring/web.py`) answers in
-milliseconds and leaves nothing behind; joining the cluster as a Ray driver to call the service
-actor takes seconds on a small machine and leaves a row in Ray's job list for every command.
+Two ways in. The service's HTTP API (the status page's server, `monitoring/web.py`, with the
+service's own routes, `service/http_calls.py`) answers in milliseconds and leaves nothing
+behind; joining the cluster as a Ray driver to call the service actor takes seconds on a small
+machine and leaves a row in Ray's job list for every command.
 The CLI reads, submits, stops, preempts, applies queues, manages users and reads the audit log
 over HTTP when `orchestrator up` recorded the service's page on this machine (or
 $ORCHESTRATOR_URL names it) and no --address names another cluster: a user needs only its own
@@ -193,6 +194,30 @@ def api_submit(page: str, token: str, specs: list[dict], options: list[dict], pa
     return _post_job(page, token, {"specs": specs, "options": options}, package)["jobs"]
 
 
+def spec_file(path: str, overrides: list[str], cwd: str | None, check_storage: bool = True) -> dict | None:
+    """A spec file as the service reads it (`service/sent_spec.py`): its text, the overrides,
+    where the user stood (`cwd`; None: not known, for the driver of a `ray job submit` from a
+    directory this machine did not record), their home, and whether the service probes its
+    storage (not for storage only the job's nodes reach). None when the file cannot be read
+    here (the local checks then say why)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return None
+    home = os.path.expanduser("~")
+    sent = {"path": path, "text": text, "overrides": list(overrides), "cwd": cwd or "", "home": home}
+    return {**sent, "check_storage": check_storage}
+
+
+def submit_to_actor(service, sent: dict, package: bytes, route: str, came_in_by: str | None = None) -> dict:
+    """`sent` queued by the service actor (the same call as over HTTP): {"jobs", "sweep",
+    "notes"}; `Refused` with the service's lines."""
+    try:
+        return call(service.submit_sent, sent, package, caller_token(), route, came_in_by)
+    except ServiceError as err:
+        raise Refused(str(err)) from None
+
+
 def api_submit_sent(page: str, token: str, sent: dict, package: bytes) -> dict:
     """Queue a spec file as read here (`service/sent_spec.py`: path, text, overrides, cwd,
     home), which the service checks: {"jobs": views, "sweep", "notes"}. A spec's errors come
@@ -263,8 +288,10 @@ def call(method, *args, retries: int = 60, delay: float = 1.0, timeout: float = 
             return ray.get(method.remote(*args), timeout=timeout)
         except ray.exceptions.RayTaskError as err:  # the service raised: its message is the answer
             cause = getattr(err, "cause", None) or err
-            text = str(cause.args[0] if getattr(cause, "args", None) else cause).strip()
-            raise ServiceError(text.splitlines()[0] if text else type(cause).__name__) from None
+            lines = str(cause.args[0] if getattr(cause, "args", None) else cause).strip().splitlines()
+            # a refused spec names each field on a line of its own; any other answer is one line
+            text = "\n".join(lines) if isinstance(cause, ValueError) else (lines or [""])[0]
+            raise ServiceError(text or type(cause).__name__) from None
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as err:
             if attempt == retries:
                 raise ServiceError(

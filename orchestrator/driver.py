@@ -1,14 +1,17 @@
-"""The driver of one job on Ray, by two entry points over the same attempt
-(`orchestrator.attempt`):
+"""`orchestrator run SPEC` on Ray, from a terminal or as the driver of a `ray job submit`.
 
-    run                `orchestrator run` on a cluster or a local Ray: without a service the
-                       job runs at once, at its largest size (`run_alone`); with one, this
-                       driver queues the job and runs it at each admission (`run_queued`)
-    run_for_service    the one attempt the service started an attempt controller for
-                       (`orchestrator.attempt_controller`), on the job's own node
+    a cluster with an orchestrator service   the spec file goes to the service's one way in
+                                             (`submit_sent`, as `orchestrator submit` sends it)
+                                             and the job is followed to its end; the service
+                                             runs its attempts (`orchestrator/attempt/`)
+    a cluster without one, or a local Ray    its one attempt runs now, at its largest size,
+                                             through an AttemptController started here, whose
+                                             lines this terminal shows
 
-Printing, signals and exit statuses live here; watching one training run is
-`orchestrator.attempt`'s job, starting it `orchestrator.ray.launcher`'s.
+Under `ray job submit` this process runs in Ray's temporary copy of the working directory: a
+relative checkpoint path is meant from the directory the job was submitted from, where that is
+known for sure (`ray/origin.py`), and refused where it is not (`core.storage.as_the_user_meant`).
+Printing, signals and exit statuses live here.
 """
 
 from __future__ import annotations
@@ -22,42 +25,51 @@ import threading
 from core import storage
 from core.run_folder import run_name
 from core.spec import JobSpec
-from core.summary import print_summary, write_summary
-from orchestrator import client as service_client
-from orchestrator.attempt import Attempt, Stopped, on_sigterm, preflight
+from core.summary import write_summary
+from orchestrator import client
 from orchestrator.errors import UsageError
-from orchestrator.monitoring.terminal import Display
-from orchestrator.queued_job import QueuedJob
 from orchestrator.ray import cluster
 
-EXIT = {"succeeded": 0, "stopped_early": 0, "failed": 1, "stopped": 1}
+POLL_S = 1.0  # how often the terminal shows what the attempt's controller said
 
 
-def storage_from_here(path: str, tag: str) -> str:
-    """A relative path, as the user meant it. Under `ray job submit` this process runs in Ray's
-    temporary copy of the working directory: resolve against the directory it was submitted
-    from where that is known for sure, else refuse (checkpoints there would be deleted)."""
-    path = os.path.expanduser(path)
-    if os.path.isabs(path) or service_client.own_submission_id() is None:
-        return path
+class Stopped(Exception):
+    """SIGTERM, e.g. from `ray job stop`: leave through ray.shutdown(), not mid-C++."""
+
+
+# SIGTERM only sets this; the loops raise Stopped at their next turn (at most POLL_S later).
+# An exception raised by the handler itself would land inside whatever Ray call the main
+# thread is in (ray.wait), which cannot take one.
+_sigterm = threading.Event()
+
+
+def on_sigterm(signum, frame):
+    _sigterm.set()
+
+
+def raise_if_stopped() -> None:
+    if _sigterm.is_set():
+        raise Stopped()
+
+
+def where_the_user_stood() -> str | None:
+    """The directory a relative path is meant from: here, or for the driver of a `ray job
+    submit` the directory it was submitted from (None: not known for sure)."""
+    if client.own_submission_id() is None:
+        return os.getcwd()
     from orchestrator.ray.origin import submitted_from
 
-    origin = submitted_from()
-    if origin is None:
-        raise UsageError(
-            f"checkpoint.storage '{path}' is relative, and `ray job submit` runs the job in a "
-            "temporary copy of its working directory, deleted with the cluster, without saying "
-            "where it came from: give an absolute path or a URI (--set checkpoint.storage=$PWD/"
-            f"{path.removeprefix('./')}), or submit with `orchestrator submit`"
-        )
-    print(f"{tag} checkpoint.storage '{path}' is relative: in {origin}, where it was submitted from")
-    return os.path.join(origin, path)
+    return submitted_from()
 
 
-def run(spec: JobSpec, address: str | None = None, summary_path: str | None = None) -> int:
-    tag = f"[{spec.name}]"
-    if "://" not in spec.checkpoint.storage:  # workers run in other directories
-        spec.checkpoint.storage = os.path.abspath(storage_from_here(spec.checkpoint.storage, tag))
+def run(path: str, overrides: list[str], spec: JobSpec, address: str | None, summary_path: str | None) -> int:
+    """`spec`: the file at `path` with `overrides`, checked here (a bad spec never reaches a
+    cluster)."""
+    cwd = where_the_user_stood()
+    relative = not storage.is_absolute(spec.checkpoint.storage)
+    if relative and cwd is not None and client.own_submission_id():
+        where = f"in {cwd}, where it was submitted from"
+        print(f"[{spec.name}] checkpoint.storage '{spec.checkpoint.storage}' is relative: {where}")
     try:
         address = cluster.driver_address(address)
         needed_cpus = math.ceil(spec.resources.max_workers * spec.resources.cpus_per_worker)
@@ -67,13 +79,17 @@ def run(spec: JobSpec, address: str | None = None, summary_path: str | None = No
             if threading.current_thread() is threading.main_thread():
                 # after ray.init, whose own SIGTERM handler would end the process mid-C++
                 signal.signal(signal.SIGTERM, on_sigterm)
-            service = service_client.find() if address else None
-            with Display() as display:
-                if service is None:
-                    summary = run_alone(spec, where, display, local=address is None)
-                else:
-                    summary = run_queued(spec, service, display)
-    except (cluster.ClusterError, service_client.ServiceError, OSError) as err:
+            service = client.find() if address else None
+            if service is not None:
+                return submit_and_follow(service, client.spec_file(path, overrides, cwd), spec, summary_path)
+            try:
+                spec.checkpoint.storage = storage.as_the_user_meant(
+                    spec.checkpoint.storage, cwd, os.path.expanduser("~")
+                )
+            except ValueError as err:  # relative, and where the user stood is not known
+                raise UsageError(str(err)) from None
+            return run_alone(spec, where, address is None, summary_path)
+    except (cluster.ClusterError, client.ServiceError, OSError) as err:
         print(f"error: {spec.name}: {err}", file=sys.stderr, flush=True)
         return 1
     except Stopped:
@@ -83,67 +99,67 @@ def run(spec: JobSpec, address: str | None = None, summary_path: str | None = No
             flush=True,
         )
         return 128 + signal.SIGTERM
-    return report(spec, summary, summary_path)
 
 
-def run_for_service(spec: JobSpec, job_id: str, state) -> int:
-    """The attempt of `job_id` that the service started the calling attempt controller for:
-    attached to the service's record, run with `state` (the controller's own run state) as the
-    run's, reported. The service starts the next attempt's controller, if there is one."""
-    cluster.yield_to_training()  # this thread polls and reports; the job's ranks come first
-    service = service_client.find()
-    if service is None:
-        print(f"error: {spec.name}: no orchestrator service on this cluster", file=sys.stderr, flush=True)
-        return 1
+def submit_and_follow(service, sent: dict | None, spec: JobSpec, summary_path: str | None) -> int:
+    """The job queued through the service's one way in, then followed to its end; a SIGTERM
+    (`ray job stop`) asks the service to checkpoint and stop it."""
+    from orchestrator.commands.follow_jobs import ActorReader, follow_queued
+    from orchestrator.project_package import default_working_dir, zip_project
+
+    if sent is None:
+        raise UsageError(f"{spec.name}: the spec file cannot be read here")
+    came_in_by = client.own_submission_id()
+    # the project the job runs in: a Ray Job's working_dir, else what `submit` would ship
+    package = zip_project(os.getcwd() if came_in_by else default_working_dir())
+    done = client.submit_to_actor(service, sent, package, "driver", came_in_by)
+    job = done["jobs"][0]
+    for note in done.get("notes") or []:
+        print(f"[{spec.name}] {note}", flush=True)
+    print(
+        f"[{spec.name}] queued as {job['id']} (priority {job['priority']}); the service runs it", flush=True
+    )
     try:
-        with Display() as display:
-            queued = QueuedJob(spec, service, job_id, display, state=state)
-            queued.preflight()
-            summary = queued.run()
-    except (service_client.ServiceError, OSError) as err:
-        print(f"error: {spec.name}: {err}", file=sys.stderr, flush=True)
-        return 1
-    return report(spec, summary, None)
+        return follow_queued(
+            ActorReader(service), [job["id"]], summary_path=summary_path, interrupt=raise_if_stopped
+        )
+    except Stopped:
+        client.call(service.stop, job["id"], False, client.caller_token(), "driver")
+        print(f"[{spec.name}] asked the service to checkpoint and stop {job['id']}", flush=True)
+        raise
 
 
-def report(spec: JobSpec, summary: dict, summary_path: str | None) -> int:
-    """The run's summary, printed and written where asked; the exit status."""
-    tag = f"[{spec.name}]"
-    write_summary(summary, summary_path)
-    if summary.get("steps") is not None:
-        print_summary(summary)
-    if summary.get("restarts"):
-        print(f"{tag} restarts: {summary['restarts']} (resumed from checkpoints)", flush=True)
-    if summary["status"] == "failed":
-        print(f"error: {spec.name}: {summary['reason']}", file=sys.stderr, flush=True)
-    if summary.get("handed_back"):  # the job goes on: the service starts its next attempt's driver
-        return 0
-    return EXIT.get(summary["status"], 1)
+def run_alone(spec: JobSpec, where: str, local: bool, summary_path: str | None) -> int:
+    """No service on the cluster: the job's one attempt, now, at its largest size, through an
+    AttemptController beside this driver (which ends with it), its lines shown here."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from orchestrator.attempt.controller import AttemptControllerActor, print_report
+    from orchestrator.attempt.listeners import replay
+    from orchestrator.attempt.policy import exit_code
+    from orchestrator.monitoring.terminal import Display
 
-def run_alone(spec: JobSpec, where: str, display: Display, local: bool) -> dict:
-    """`orchestrator run` with no service on the cluster: the job runs now, at its largest size."""
     if spec.resources.elastic:  # no service to size it
         spec = spec.at_size(spec.resources.max_workers)
-    run = run_name(spec)
-    preflight(spec, storage.join(spec.checkpoint.storage, run))
     _check_resources(spec, local)
-    display.event(
-        spec.name,
-        f"{spec.resources.num_workers} worker(s) on {where}; checkpoints in "
-        f"{storage.join(spec.checkpoint.storage, run)}",
-    )
-    attempt = Attempt(spec, run, None, display)
-    summary = attempt.run()
-    attempt.wait_tracking()
-    return summary
-
-
-def run_queued(spec: JobSpec, service, display: Display) -> dict:
-    """Through the service: this driver queues the job and runs it each time it is admitted."""
-    queued = QueuedJob(spec, service, None, display)
-    queued.preflight()
-    return queued.run()
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    controller = AttemptControllerActor.options(scheduling_strategy=here).remote()
+    result, cursor = controller.run.remote(spec), 0
+    with Display() as display:
+        uri = storage.join(spec.checkpoint.storage, run_name(spec))
+        display.event(spec.name, f"{spec.resources.num_workers} worker(s) on {where}; checkpoints in {uri}")
+        while True:
+            done = ray.wait([result], timeout=POLL_S)[0]
+            calls, cursor = ray.get(controller.feed_since.remote(cursor))
+            replay(calls, display)
+            raise_if_stopped()
+            if done:
+                break
+    summary = ray.get(result)
+    write_summary(summary, summary_path)
+    print_report(summary)
+    return exit_code(summary)
 
 
 def _check_resources(spec: JobSpec, local: bool) -> None:

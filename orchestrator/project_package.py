@@ -18,6 +18,13 @@ from pathlib import Path
 SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", "runs", "data", ".whl", ".gpucache"}
 MAX_PACKAGE_BYTES = 100 * 2**20  # Ray's own limit for a working_dir is of this order
 KEPT = 4  # packages kept in the cache: a few projects (or versions of one) submitted in turn
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def default_working_dir() -> Path:
+    """The directory a job ships when none is named: this checkout (an editable or source one
+    ships itself), else the current directory (an installed package)."""
+    return PROJECT_ROOT if (PROJECT_ROOT / "pyproject.toml").exists() else Path.cwd()
 
 
 def project_files(root: Path) -> list[Path]:

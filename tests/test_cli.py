@@ -195,6 +195,23 @@ def test_submit_with_no_service_known_says_to_start_one(cli, tmp_path):
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
 
 
+def test_token_auth_without_a_token_is_one_line_before_ray_is_touched(cli, tmp_path):
+    """RAY_AUTH_MODE=token (as the virtualenv sets it) and no token anywhere Ray looks: joining
+    a cluster says what to do, where Ray's own client would abort the process."""
+    import socket
+
+    env = {k: "" for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS", "ORCHESTRATOR_URL")}
+    env.update(HOME=str(tmp_path), RAY_AUTH_MODE="token", ORCHESTRATOR_HOME=str(tmp_path / "home"))
+    with socket.socket() as listener:  # something answers at the address
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        result = cli("queue", "--address", address, env=env)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"error: the Ray cluster at {address} requires an auth token and none was found")
+
+
 def test_down_after_its_head_died_forgets_it_at_once(cli, tmp_path):
     """`up` started a local head that has since died (the machine rebooted, its processes were
     killed): `down` does not wait on a GCS that is gone (Ray retries for minutes), stops

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from core.spec import validate
+from orchestrator.attempt.policy import collective_failure
 from orchestrator.policy.node_watch import MISSES, NodeWatch
-from orchestrator.ray.launcher import collective_failure
 from orchestrator.ray.node_health import HealthChecks, probe
 from orchestrator.service.lifecycle import Lifecycle
 from orchestrator.service.store import Store

@@ -349,18 +349,3 @@ def test_resume_takes_the_newest_complete_checkpoint_in_storage(ray_head, tmp_pa
     assert skipped["reason"].startswith(f"shard {shard.name} is truncated (100 of ")
     assert f"skipped {final.name}: shard {shard.name} is truncated" in third.stdout
     assert f"resuming at step {newest}" in third.stdout
-
-
-def test_the_run_state_drops_the_events_the_driver_holds():
-    from orchestrator.ray.run_state import EventLog
-
-    log = EventLog()
-    for i in range(3):
-        log.append(i)
-    assert log.since(0) == ([0, 1, 2], 3)
-    log.append(3)
-    # a read that never arrived (a timeout) is asked again from the same cursor: nothing lost
-    assert log.since(3) == ([3], 4)
-    assert log.since(3) == ([3], 4)
-    assert log.events == [3]  # the first three are dropped once the driver asks past them
-    assert log.since(4) == ([], 4) and log.events == []

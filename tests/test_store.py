@@ -189,3 +189,27 @@ def test_what_the_cli_packs_with_loads_neither_ray_nor_torch():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stderr
+
+
+def test_a_service_asked_for_any_free_port_keeps_the_one_it_took_when_it_starts_again(tmp_path):
+    """Ray restarts a service that dies, with the same configuration (port 0: any free one):
+    it comes back on the port `orchestrator up` recorded for the CLI; a port taken meanwhile
+    gives way to another, which is then the one kept."""
+    import socket
+
+    from tests.tenant_harness import start_service
+
+    store = str(tmp_path / "store")
+    first = start_service(store)
+    port = int(first.page_url.rstrip("/").rsplit(":", 1)[1])
+    first.shutdown()
+    again = start_service(store)
+    assert again.page_url == first.page_url
+    again.shutdown()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        moved = start_service(store)
+        assert moved.page_url != first.page_url and moved.page is not None
+        moved.shutdown()
+    assert Store(store).page_port() == int(moved.page_url.rstrip("/").rsplit(":", 1)[1])

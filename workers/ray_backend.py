@@ -1,32 +1,20 @@
-"""How Ray Train starts a job's workers, without torch in the processes that only control them.
+"""What a Ray Train worker does to join and leave the job's process group, with public torch and
+Ray Train APIs only, and the workers' training function.
 
-Ray Train's `TorchConfig` lives in a module that imports torch, and Ray Train unpickles it in
-the run's controller, as `TorchTrainer` imports it in the process that calls `fit()`: two
-control processes that then load torch (~2-3 s of CPU each on the critical path of a start,
-~200 MiB each) to set up a process group they never join. `ProcessGroupConfig` is the same
-setup with torch imported only where it runs, on the workers: the controller picks the rank-0
-address and hands every worker its `torch.distributed` environment, and each worker calls Ray
-Train's own process-group set-up (`ray.train.torch.config`), as `TorchConfig` would.
-
-`train_worker` is the workers' function (`workers.ray_context.train_worker`), imported where it
-runs, so that the process that hands it over need not import torch either.
+The control side (`orchestrator/ray/process_group.py`, a Ray Train backend) runs in a process
+that never imports torch: it asks rank 0 for an address and a free port, then calls these on
+every worker, as Ray Train's `TorchConfig` would: the `torch.distributed` environment torchrun
+sets, `init_process_group` over `env://` (gloo on CPUs, NCCL on GPUs), and at the end
+`destroy_process_group`. Each function imports torch where it runs, on the workers.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-from dataclasses import dataclass
+import socket
+from datetime import timedelta
 
 import ray
-from ray.train import BackendConfig
-from ray.train._internal.utils import get_address_and_port
-from ray.train.backend import Backend
-from ray.train.constants import DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
-from ray.train.v2._internal.util import TrainingFramework
-
-log = logging.getLogger("workers")
-SHUTDOWN_TIMEOUT_S = DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
 
 
 def train_worker(config: dict) -> None:
@@ -35,82 +23,67 @@ def train_worker(config: dict) -> None:
     run(config)
 
 
-@dataclass
-class ProcessGroupConfig(BackendConfig):
-    """`TorchConfig`'s `env://` set-up: gloo on CPUs, NCCL on GPUs."""
-
-    backend: str = "gloo"
-    timeout_s: int = 1800
-
-    @property
-    def backend_cls(self):
-        return ProcessGroupBackend
-
-    @property
-    def train_func_context(self):
-        return CudaDeviceOfRank
-
-    @property
-    def framework(self):
-        return TrainingFramework.TORCH
-
-    def to_dict(self) -> dict:
-        return {"backend": self.backend, "init_method": "env", "timeout_s": self.timeout_s}
+def address_and_port() -> tuple[str, int]:
+    """This node's address and a free port on it: rank 0's, for the others to reach."""
+    addr = ray.util.get_node_ip_address()
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return addr, s.getsockname()[1]
 
 
-class ProcessGroupBackend(Backend):
-    share_cuda_visible_devices: bool = True
+def set_distributed_env(addr: str, port: int) -> None:
+    """MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE, ... as torchrun sets them."""
+    context = ray.train.get_context()
+    os.environ.update(
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+        LOCAL_RANK=str(context.get_local_rank()),
+        LOCAL_WORLD_SIZE=str(context.get_local_world_size()),
+        NODE_RANK=str(context.get_node_rank()),
+        RANK=str(context.get_world_rank()),
+        WORLD_SIZE=str(context.get_world_size()),
+    )
 
-    def on_start(self, worker_group, backend_config: ProcessGroupConfig) -> None:
-        addr, port = worker_group.execute_single(0, get_address_and_port)
-        worker_group.execute(_set_distributed_env, addr=addr, port=port)
-        world = len(worker_group)
-        setups = [
-            worker_group.execute_single_async(
-                rank, _join_process_group, backend_config.backend, rank, world, backend_config.timeout_s
-            )
-            for rank in range(world)
-        ]
-        ray.get(setups)
 
-    def on_shutdown(self, worker_group, backend_config) -> None:
-        ends = worker_group.execute_async(_leave_process_group, len(worker_group) > 1)
-        try:  # as TorchConfig's: a rank stuck in a collective must not hold the run's end
-            ray.get(ends, timeout=SHUTDOWN_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            log.warning("the workers' process group did not shut down within %s s", SHUTDOWN_TIMEOUT_S)
+def join_process_group(backend: str, rank: int, world: int, timeout_s: int) -> None:
+    import torch.distributed as dist
+
+    if backend == "nccl" and "TORCH_NCCL_BLOCKING_WAIT" not in os.environ:
+        # a collective that times out fails the rank instead of hanging it (as TorchConfig sets)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def leave_process_group(destroy: bool) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if destroy and dist.is_initialized():
+        dist.destroy_process_group()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class CudaDeviceOfRank:
-    """The worker's CUDA device made current for its training function (`TorchConfig`'s)."""
+    """The worker's CUDA device made current for its training function (as `TorchConfig`'s)."""
 
     def __enter__(self):
-        from ray.train.torch.config import TorchConfigContextManager
+        import torch
 
-        self._context = TorchConfigContextManager()
-        return self._context.__enter__()
+        if torch.cuda.is_available():
+            from ray.train.torch import get_device
+
+            device = get_device()
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
 
     def __exit__(self, *exc):
-        return self._context.__exit__(*exc)
-
-
-# --- on the workers ---
-
-
-def _set_distributed_env(addr: str, port: int) -> None:
-    from ray.train.torch.config import _set_torch_distributed_env_vars
-
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, str(port)
-    _set_torch_distributed_env_vars()  # RANK, LOCAL_RANK, WORLD_SIZE, ... as torchrun sets them
-
-
-def _join_process_group(backend: str, rank: int, world: int, timeout_s: int) -> None:
-    from ray.train.torch.config import _setup_torch_process_group
-
-    _setup_torch_process_group(backend, rank, world, "env://", timeout_s)
-
-
-def _leave_process_group(destroy: bool) -> None:
-    from ray.train.torch.config import _shutdown_torch
-
-    _shutdown_torch(destroy_process_group=destroy)
+        return False

@@ -4,9 +4,9 @@ The loop (`workers.trainer.train`) is the same as under torchrun; `RayContext` o
 how a worker learns its rank (Ray Train's context), how checkpoints are saved (each rank
 writes its part to a local directory, the only part training waits for, and Ray Train's
 upload thread sends it to `<storage>/<run>/checkpoint_<step>`: `checkpoint_upload.py`),
-where metrics go (the run's `RunState` actor, never `ray.train.report`), and how a stop
-request reaches the loop (rank 0 polls the actor from a background thread; the loop reads a
-flag).
+where metrics go (the attempt's controller, `orchestrator/attempt/controller.py`, never
+`ray.train.report`), and how a stop request reaches the loop (rank 0 polls the controller from
+a background thread; the loop reads a flag).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from workers.context import RunContext, checkpoint_to_resume
 
 log = logging.getLogger("workers")
 
-# how often rank 0 hands its metrics records to the run's state actor, and the other ranks
+# how often rank 0 hands its metrics records to the attempt's controller, and the other ranks
 # their own record: each call costs CPU that a busy machine takes from training
 SEND_EVERY_S = 2.0
 RANK_RECORD_EVERY_S = 5.0
@@ -46,20 +46,20 @@ TEARDOWN_UPLOAD_WAIT_S = 120.0  # how long a worker that ends waits for its own 
 
 
 class RayContext(RunContext):
-    # the driver prints progress from the run's state actor; a print per record here would only
+    # the attempt's controller prints progress from the records; a print per record here would only
     # cost time (Ray captures worker output into its log files)
     shows_progress = False
     rank_metrics_every_s = RANK_RECORD_EVERY_S
 
-    def __init__(self, spec: JobSpec, run: str, state, head_node: str | None = None):
-        self.spec, self.name, self.state = spec, run, state
+    def __init__(self, spec: JobSpec, run: str, controller, head_node: str | None = None):
+        self.spec, self.name, self.controller = spec, run, controller
         self.head_node = head_node  # the cluster's head node's id, from the launcher
         self.run_uri = storage.join(spec.checkpoint.storage, run)
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
         self.world_size = context.get_world_size()
         self.local_rank = context.get_local_rank()
-        self.attempt = 0
+        self.group = 0  # which start of the worker group this is (Ray Train restarts it after a failure)
         self._tmp = Path(tempfile.mkdtemp(prefix="orchestrator-"))
         self._pending: list[dict] = []  # metrics records not yet sent
         self._sent_at = time.monotonic()
@@ -81,8 +81,8 @@ class RayContext(RunContext):
         cpu_priority.train_in_background(self.device.type, shared_machine=on_head)
         runtime = ray.get_runtime_context()
         group = runtime.get_placement_group_id() or "no-placement-group"
-        self.attempt = ray.get(
-            self.state.join.remote(
+        self.group = ray.get(
+            self.controller.join.remote(
                 group,
                 self.rank,
                 self.world_size,
@@ -91,14 +91,14 @@ class RayContext(RunContext):
                 runtime.get_node_id(),
             )
         )
-        self.restarts = self.attempt
+        self.restarts = self.group
         if self.is_main:
             threading.Thread(target=self._poll_stop, name="stop-poller", daemon=True).start()
 
     def _poll_stop(self) -> None:
         while not self._polling.is_set():
             try:
-                self._stop = ray.get(self.state.stop_requested.remote(), timeout=10) or self._stop
+                self._stop = ray.get(self.controller.stop_requested.remote(), timeout=10) or self._stop
             except Exception:  # the driver is gone or busy: keep training, ask again later
                 pass
             self._polling.wait(STOP_POLL_S)
@@ -111,7 +111,7 @@ class RayContext(RunContext):
     def resume_from(self) -> str | None:
         # the newest complete checkpoint in storage, whichever index (Ray's or none) knows it;
         # a restarted worker group always continues its own run
-        uri = checkpoint_to_resume(self, "auto" if self.attempt > 0 else None)
+        uri = checkpoint_to_resume(self, "auto" if self.group > 0 else None)
         return self._local(*storage.resolve(uri)) if uri else None
 
     def _local(self, fs: pafs.FileSystem, path: str) -> str:
@@ -141,10 +141,10 @@ class RayContext(RunContext):
 
         def upload(checkpoint: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
             # on Ray Train's upload thread, while training goes on
-            where = ray.train.get_context().get_storage()
-            path = posixpath.join(where.experiment_fs_path, dir_name)
+            fs, run_path = storage.resolve(self.run_uri)
+            path = posixpath.join(run_path, dir_name)
             try:
-                checkpoint_upload.upload(checkpoint.path, where.storage_filesystem, path)
+                checkpoint_upload.upload(checkpoint.path, fs, path)
             finally:
                 uploaded.set()
             try:
@@ -152,7 +152,7 @@ class RayContext(RunContext):
                     self._announce(step, uri, on_durable)
             finally:
                 settled.set()
-            return ray.train.Checkpoint(path=path, filesystem=where.storage_filesystem)
+            return ray.train.Checkpoint(path=path, filesystem=fs)
 
         # every rank reports its own files; Ray registers the checkpoint once all ranks have
         # uploaded, and uploads what a run saved before its worker exits. Ray deletes none
@@ -182,23 +182,23 @@ class RayContext(RunContext):
 
     def _send(self) -> None:
         if self._pending:
-            self.state.log.remote(self.attempt, self._pending)
+            self.controller.log.remote(self.group, self._pending)
             self._pending = []
         self._sent_at = time.monotonic()
 
     def log_rank_metrics(self, record: dict) -> None:
         # the loop calls this every `rank_metrics_every_s`: a gauge per rank, the newest wins
-        self.state.log_rank.remote(self.attempt, self.rank, record)
+        self.controller.log_rank.remote(self.group, self.rank, record)
 
     def restore_metrics(self, history: list[dict]) -> None:
         if self.is_main:
-            self.state.restore.remote(self.attempt, history, self.resumed_from)
+            self.controller.restore.remote(self.group, history, self.resumed_from)
 
     def _announce(self, step: int, uri: str, on_durable: Callable[[str], None]) -> None:
         # announced and pruned once every rank's part is there
         reason = checkpoint_upload.wait_complete(uri, DURABLE_WAIT_S)
         if reason is None:
-            self.state.checkpoint.remote(self.attempt, step, uri)
+            self.controller.checkpoint.remote(self.group, step, uri)
             on_durable(uri)
         else:
             log.warning("%s is not complete %.0f s after its save: %s", uri, DURABLE_WAIT_S, reason)
@@ -212,7 +212,7 @@ class RayContext(RunContext):
     def finish(self, summary: dict) -> None:
         if self.is_main:
             self._send()
-            ray.get(self.state.finish.remote(summary))
+            ray.get(self.controller.finish.remote(summary))
 
     def teardown(self) -> None:
         self._polling.set()
@@ -244,16 +244,16 @@ def train_worker(config: dict) -> None:
     """What each Ray Train worker runs."""
     from workers.run import train
 
-    spec, state = config["spec"], config["state"]
+    spec, controller = config["spec"], config["controller"]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    if ray.get(state.fatal.remote()) is not None:
-        return  # an earlier attempt failed in a way a restart cannot fix: do not train again
-    ctx = RayContext(spec, config["run"], state, config.get("head_node"))
+    if ray.get(controller.fatal.remote()) is not None:
+        return  # an earlier worker group failed in a way a restart cannot fix: do not train again
+    ctx = RayContext(spec, config["run"], controller, config.get("head_node"))
     try:
         summary = train(spec, ctx)
     except Exception as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        ray.get(state.fail.remote(ctx.rank, reason, worth_retrying(err)))
+        ray.get(controller.fail.remote(ctx.rank, reason, worth_retrying(err)))
         raise
     finally:
         ctx.teardown()

@@ -62,10 +62,13 @@ class HttpReader:
                 time.sleep(1.0)
 
 
-def follow_queued(reader, job_ids: list[str], poll_s: float = 1.0, summary_path: str | None = None) -> int:
+def follow_queued(
+    reader, job_ids: list[str], poll_s: float = 1.0, summary_path: str | None = None, interrupt=None
+) -> int:
     """Show each job's history as it happens and its progress (a live panel on a terminal,
     plain lines elsewhere) until all have ended, then each job's result; exit 0 only if all
-    succeeded. `summary_path` receives the final summary (one job) or a list of them."""
+    succeeded. `summary_path` receives the final summary (one job) or a list of them;
+    `interrupt`, called at every turn, may raise to stop following."""
     from orchestrator.monitoring.terminal import Display
 
     seen = {job_id: 0 for job_id in job_ids}
@@ -118,6 +121,8 @@ def follow_queued(reader, job_ids: list[str], poll_s: float = 1.0, summary_path:
             if all(view["state"] in TERMINAL_VALUES for view in views.values()):
                 break
             time.sleep(poll_s)
+            if interrupt is not None:
+                interrupt()
     for job_id in job_ids:
         print(result_line(views[job_id]), flush=True)
     if summary_path:

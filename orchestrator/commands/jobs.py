@@ -104,12 +104,11 @@ def print_queued_job(job: dict) -> None:
     )
     if job.get("last_checkpoint"):
         print(f"  checkpoint: {job['last_checkpoint']}")
-    if job.get("submission"):
-        runs = job["submission"]
-        if is_attempt_of(runs, job["id"]):  # the attempt's controller, an actor on its node
-            print(f"  controller: {runs} (attempt {job['attempt']}; `orchestrator logs {job['id']}`)")
-        else:  # the driver it came in by (`ray job submit`), which runs every attempt
-            print(f"  Ray Job:    {runs} (attempt {job['attempt']})")
+    runs = job.get("submission")
+    if runs and is_attempt_of(runs, job["id"]):  # the attempt's controller, an actor on its node
+        print(f"  controller: {runs} (attempt {job['attempt']}; `orchestrator logs {job['id']}`)")
+    if job.get("came_in_by"):  # the `ray job submit` that queued it, and followed it
+        print(f"  Ray Job:    {job['came_in_by']} (it came in by)")
     waited, eta = duration_text(job.get("waited_s")), duration_text(job.get("remaining_s"))
     print(f"  waited:     {waited} in the queue   ETA: {eta}")
     if job.get("ledger"):

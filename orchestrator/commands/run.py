@@ -47,4 +47,4 @@ def handle(args) -> int:
             f"{args.spec} is a sweep: queue its trials with `orchestrator submit {args.spec}`"
             " (an orchestrator service runs them)"
         )
-    return driver.run(spec, address=args.address, summary_path=args.summary)
+    return driver.run(args.spec, args.overrides, spec, address=args.address, summary_path=args.summary)

@@ -74,7 +74,10 @@ def _add_scheduling_options(up) -> None:
         help="every request needs a token, on 127.0.0.1 too (a head node that several people log in to)",
     )
     up.add_argument(
-        "--metrics-port", type=int, default=8266, help="their port (default 8266; 0 picks a free one)"
+        "--metrics-port",
+        type=int,
+        default=8266,
+        help="their port (default 8266; 0 picks a free one, which the service keeps when it restarts)",
     )
     up.add_argument("--no-preemption", action="store_true", help="never preempt running jobs")
     up.add_argument("--no-backfill", action="store_true", help="start jobs strictly in queue order")

@@ -1,9 +1,14 @@
-"""`orchestrator submit SPEC`: send a job to a Ray cluster through the Ray Jobs API.
+"""`orchestrator submit SPEC`: queue a job with the cluster's orchestrator service, or, on a
+cluster without one, send it to Ray's Jobs API.
 
-The project directory travels as the job's `working_dir` and the entrypoint is
-`orchestrator run SPEC [--set ...]`, so the driver runs on the cluster, not on this machine:
-closing the laptop does not stop the job. `--wait` streams the logs and exits with the
-job's outcome.
+With a service, the spec file goes as it is (its text, the `--set` overrides, where you stood)
+with the project directory, zipped, to the service's one way in (`submit_sent`): over its HTTP
+API when `orchestrator up` recorded it here, else as a call of the service actor. The service
+reads and checks it as `validate` does and queues it; `--wait` follows it to its end.
+
+Without a service, the project directory travels as a Ray Job's `working_dir` and the
+entrypoint is `orchestrator run SPEC [--set ...]`, so the driver runs on the cluster, not on
+this machine: closing the laptop does not stop the job.
 """
 
 from __future__ import annotations
@@ -14,21 +19,16 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from orchestrator.commands.follow_jobs import ActorReader, HttpReader, follow_queued
 from orchestrator.commands.job_logs import follow_ray_job
 from orchestrator.commands.options import add_jobs_api_address, add_spec_arguments, with_cluster_errors
 from orchestrator.errors import UsageError
-
-if TYPE_CHECKING:
-    from core.spec import JobSpec
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from orchestrator.project_package import default_working_dir
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("submit", help="submit a job to a Ray cluster (Ray Jobs API)")
+    parser = sub.add_parser("submit", help="queue a job with the cluster's orchestrator service")
     add_spec_arguments(parser)
     add_jobs_api_address(parser)
     parser.add_argument("--wait", action="store_true", help="follow the job and exit with its status")
@@ -52,70 +52,105 @@ def register(sub) -> None:
     parser.add_argument(
         "--no-validate",
         action="store_true",
-        help="skip checking the spec here (e.g. its data exists only on the cluster);"
-        " the job still checks it before training",
+        help="skip checking the storage (and, without a service, the spec) at submission, e.g."
+        " storage or data that only the job's nodes reach; the job checks them before training",
     )
     parser.set_defaults(handler=handle)
-
-
-def default_working_dir() -> Path:
-    # an editable/source checkout ships itself; an installed package ships the current dir
-    return PROJECT_ROOT if (PROJECT_ROOT / "pyproject.toml").exists() else Path.cwd()
-
-
-def entrypoint(spec_path: str, overrides: list[str], working_dir: Path) -> str:
-    path = Path(spec_path).resolve()
-    try:
-        relative = path.relative_to(working_dir.resolve())
-    except ValueError:
-        raise UsageError(
-            f"{spec_path}: the spec must be inside the directory shipped to the"
-            f" cluster ({working_dir}); move it there or pass --working-dir"
-        ) from None
-    args = ["orchestrator", "run", relative.as_posix()]
-    for override in overrides:
-        args += ["--set", override]
-    return shlex.join(args)
 
 
 @with_cluster_errors
 def handle(args) -> int:
     if args.priority is not None:
         args.overrides = [*args.overrides, f"scheduling.priority={args.priority}"]
-    if not args.no_validate:
-        queued = queue_over_http(args)  # the quick path: the service reads and checks the spec
-        if queued is not None:
-            return queued
-    from orchestrator.ray.cluster import jobs_client, translate
-
-    if args.no_validate:
-        from core.spec import CheckpointSpec, apply_overrides, read_yaml
-
-        raw = apply_overrides(read_yaml(args.spec), args.overrides)
-        name = str(raw.get("name") or Path(args.spec).stem)
-        section = raw.get("checkpoint") if isinstance(raw.get("checkpoint"), dict) else {}
-        storage = str(section.get("storage", CheckpointSpec().storage))
-        require_a_cluster(args)
-    else:
-        from orchestrator.commands.run import load_runnable
-
-        spec = load_runnable(args.spec, args.overrides)  # the one parse; bad specs fail here, exit 2
-        check_storage(spec)
-        require_a_cluster(args)
-        queued = queue_with_service(args, spec)
-        if queued is not None:
-            return queued
-        name, storage = spec.name, spec.checkpoint.storage
     working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
     if not working_dir.is_dir():
         raise UsageError(f"--working-dir {working_dir}: not a directory")
+    queued = queue_with_service(args, working_dir)
+    if queued is not None:
+        return queued
+    return submit_to_ray_jobs(args, working_dir)
+
+
+def queue_with_service(args, working_dir: Path) -> int | None:
+    """The spec file sent to the service's one way in: over its HTTP API when `orchestrator up`
+    recorded it here and the caller has a token to send (its own, else the cluster's): a
+    fraction of a second, no schema loaded here; else by joining the cluster as a Ray driver
+    (seconds) to call the service actor. None when the file cannot be read here (the local
+    checks then say why) or the cluster runs no service."""
+    from orchestrator import client
+    from orchestrator.ray.cluster import read_token
+
+    sent = client.spec_file(args.spec, args.overrides, os.getcwd(), check_storage=not args.no_validate)
+    if sent is None:
+        return None
+    page, token = client.recorded_page(args.address), client.caller_token() or read_token()
+    if page and token:
+        try:
+            done = client.api_submit_sent(page, token, sent, cached_package(working_dir))
+        except client.Unreachable:  # e.g. a service restarted elsewhere: join the cluster instead
+            pass
+        else:
+            return announce(args, done, working_dir, page, HttpReader(page))
+    with client.connected_service(args.address) as service:
+        if service is None:
+            return None
+        done = client.submit_to_actor(service, sent, cached_package(working_dir), "actor")
+        page = client.call(service.info).get("status_page")
+        return announce(args, done, working_dir, page, ActorReader(service))
+
+
+def cached_package(working_dir: Path) -> bytes:
+    from orchestrator.project_package import cached_project_zip
+    from orchestrator.ray.cluster import home
+
+    try:
+        return cached_project_zip(working_dir, home() / "packages")
+    except OSError as err:
+        raise UsageError(str(err)) from None
+
+
+def announce(args, done: dict, working_dir: Path, page: str | None, reader) -> int:
+    """Print the queued ids, the service's notes and where to watch them; with --wait, follow
+    them to the end."""
+    from orchestrator.ray.origin import remember
+
+    remember(working_dir)  # a later `ray job submit` from here resolves relative paths here
+    ids = [view["id"] for view in done["jobs"]]
+    for job_id in ids:
+        print(job_id, flush=True)
+    if done.get("sweep") is not None:
+        ranking = f"rank them with `orchestrator sweep {done['sweep']}`"
+        print(f"sweep {done['sweep']}: {len(ids)} trials queued; {ranking}", file=sys.stderr)
+    for note in done.get("notes") or []:
+        print(note, file=sys.stderr)
+    if page:
+        print(f"watch it: {page.rstrip('/')}/#/jobs/{ids[0]}", file=sys.stderr)
+    if not args.wait:
+        print(
+            f"follow it with: orchestrator status {ids[0]}   (the queue: orchestrator queue)",
+            file=sys.stderr,
+        )
+        return 0
+    return follow_queued(reader, ids, summary_path=args.summary)
+
+
+# -- a cluster without a service: Ray's Jobs API -----------------------------------------------
+
+
+def submit_to_ray_jobs(args, working_dir: Path) -> int:
+    """A Ray Job whose driver is `orchestrator run SPEC`: checked here first (unless
+    --no-validate), its relative storage made absolute from here (the job runs in Ray's
+    temporary copy of the working directory)."""
+    from core import storage
+    from orchestrator.ray.cluster import jobs_client, translate
+
+    name, where = checked_here(args)
     overrides = list(args.overrides)
-    if "://" not in storage and not os.path.isabs(os.path.expanduser(storage)):
-        # the job runs in Ray's temporary copy of the working directory: resolve it here
-        absolute = os.path.abspath(os.path.expanduser(storage))
+    absolute = storage.as_the_user_meant(where, os.getcwd(), os.path.expanduser("~"))
+    if absolute != where:
         overrides.append(f"checkpoint.storage={absolute}")
         print(
-            f"note: checkpoint.storage '{storage}' is relative: the job writes to {absolute} "
+            f"note: checkpoint.storage '{where}' is relative: the job writes to {absolute} "
             "(on a cluster of many machines, use shared storage: an NFS path or an s3://, gs://, "
             "hdfs:// URI)",
             file=sys.stderr,
@@ -139,6 +174,36 @@ def handle(args) -> int:
     return follow_ray_job(client, job_id)
 
 
+def checked_here(args) -> tuple[str, str]:
+    """The job's name and checkpoint storage, the spec checked here as `validate` does and its
+    storage probed (with --no-validate: only read)."""
+    if args.no_validate:
+        from core.spec import CheckpointSpec, apply_overrides, read_yaml
+
+        require_a_cluster(args)
+        raw = apply_overrides(read_yaml(args.spec), args.overrides)
+        section = raw.get("checkpoint") if isinstance(raw.get("checkpoint"), dict) else {}
+        return str(raw.get("name") or Path(args.spec).stem), str(
+            section.get("storage", CheckpointSpec().storage)
+        )
+    from core import storage
+    from orchestrator.commands.run import load_runnable
+
+    spec = load_runnable(args.spec, args.overrides)  # bad specs fail here, exit 2
+    require_a_cluster(args)
+    if spec.sweep is not None:
+        raise UsageError(
+            f"{args.spec} is a sweep: its trials need an orchestrator service; start one with "
+            "`orchestrator up`, or pass --address of a cluster that runs one"
+        )
+    try:
+        storage.check_writable(spec.checkpoint.storage)
+    except OSError as err:
+        hint = " (storage only the cluster reaches: pass --no-validate)"
+        raise UsageError(f"{spec.name}: {str(err).splitlines()[0]}{hint}") from None
+    return spec.name, spec.checkpoint.storage
+
+
 def require_a_cluster(args) -> None:
     """Refuse, before reaching for a cluster, when nothing says where one is."""
     from orchestrator.ray.cluster import read_state
@@ -151,136 +216,16 @@ def require_a_cluster(args) -> None:
         )
 
 
-def check_storage(spec: JobSpec) -> None:
-    """Refuse storage the job could not write its checkpoints to, here, where the user sees it
-    (`--no-validate` skips it: storage that only the cluster can reach)."""
-    from core import storage
-
+def entrypoint(spec_path: str, overrides: list[str], working_dir: Path) -> str:
+    path = Path(spec_path).resolve()
     try:
-        storage.check_writable(spec.checkpoint.storage)
-    except OSError as err:
-        hint = " (storage only the cluster reaches: pass --no-validate)"
-        raise UsageError(f"{spec.name}: {str(err).splitlines()[0]}{hint}") from None
-
-
-def queue_over_http(args) -> int | None:
-    """Send the spec file as it is, with the overrides and this shell's directories, to the
-    service recorded here, which reads and checks it as `validate` does (`sent_spec.py`) and
-    queues it: no spec schema is loaded here, which on a loaded head saves seconds. None when
-    there is no page to send to, the file cannot be read here (the checks below then say why)
-    or the page does not answer (the cluster is joined instead)."""
-    from orchestrator import client
-    from orchestrator.ray.cluster import home, read_token
-
-    page, token = client.recorded_page(args.address), client.caller_token() or read_token()
-    if not (page and token):
-        return None
-    try:
-        text = Path(args.spec).read_text(encoding="utf-8")
-    except (OSError, ValueError):
-        return None
-    sent = {"path": args.spec, "text": text, "overrides": list(args.overrides)}
-    sent |= {"cwd": os.getcwd(), "home": os.path.expanduser("~")}
-    working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
-    if not working_dir.is_dir():
-        raise UsageError(f"--working-dir {working_dir}: not a directory")
-    try:
-        package = cached_package(working_dir, home() / "packages")
-        done = client.api_submit_sent(page, token, sent, package)
-    except client.Unreachable:
-        args.http_unreachable = True  # e.g. a service restarted elsewhere: join the cluster instead
-        return None
-    from orchestrator.ray.origin import remember
-
-    remember(working_dir)  # a later `ray job submit` from here resolves relative paths here
-    ids = [view["id"] for view in done["jobs"]]
-    return announce(args, ids, page, HttpReader(page), done.get("sweep"), done.get("notes") or [])
-
-
-def cached_package(working_dir: Path, cache: Path) -> bytes:
-    from orchestrator.project_package import cached_project_zip
-
-    try:
-        return cached_project_zip(working_dir, cache)
-    except OSError as err:
-        raise UsageError(str(err)) from None
-
-
-def queue_with_service(args, spec: JobSpec) -> int | None:
-    """Queue the job (or a sweep's trials) with the orchestrator service; None when there is
-    none (the job then goes to Ray Jobs, and its driver queues it itself). Over the service's
-    HTTP API when `orchestrator up` recorded it here and the caller has a token to send (its
-    own, else the cluster's) (a fraction of a second), else by joining the cluster as a Ray
-    driver (seconds). The service gets the specs validated above and only checks them
-    against the schema; the job's owner is whoever the token names."""
-    from orchestrator import client
-    from orchestrator.ray.cluster import home, read_token
-    from orchestrator.ray.origin import remember
-    from orchestrator.service.sent_spec import queue_items
-
-    specs, options = queue_items(spec)
-    working_dir = Path(args.working_dir) if args.working_dir else default_working_dir()
-    page, token = client.recorded_page(args.address), client.caller_token() or read_token()
-    if page and token and not getattr(args, "http_unreachable", False):
-        raw = [job_spec.model_dump(mode="json", by_alias=True) for job_spec in specs]
-        try:
-            package = cached_package(working_dir, home() / "packages")
-            views = client.api_submit(page, token, raw, options, package)
-        except client.Unreachable:
-            views = None  # e.g. a service restarted elsewhere: join the cluster instead
-        if views is not None:
-            remember(working_dir)  # a later `ray job submit` from here resolves relative paths here
-            ids = [view["id"] for view in views]
-            return announce(args, ids, page, HttpReader(page), *sweep_and_notes(spec))
-    return queue_through_ray(args, spec, specs, options, working_dir)
-
-
-def sweep_and_notes(spec: JobSpec) -> tuple[str | None, list[str]]:
-    """What `announce` says of a spec checked here: its sweep's name, and whether it resumes."""
-    from orchestrator.service.sent_spec import resume_note
-
-    if spec.sweep is not None:
-        return spec.name, []
-    return None, [note for note in [resume_note(spec)] if note]
-
-
-def queue_through_ray(args, spec: JobSpec, specs: list, options: list[dict], working_dir: Path) -> int | None:
-    from orchestrator import client
-    from orchestrator.ray.cluster import home
-    from orchestrator.ray.origin import remember
-
-    with client.connected_service(args.address, required=spec.sweep is not None) as service:
-        if service is None:
-            return None
-        package = cached_package(working_dir, home() / "packages")
-        remember(working_dir)
-        ids = []
-        for job_spec, option in zip(specs, options):
-            try:
-                view = client.call(service.submit, job_spec, option, package, client.caller_token())
-            except client.ServiceError as err:
-                raise UsageError(str(err)) from None
-            ids.append(view["id"])
-        page = client.call(service.info).get("status_page")
-        return announce(args, ids, page, ActorReader(service), *sweep_and_notes(spec))
-
-
-def announce(args, ids: list[str], page: str | None, reader, sweep: str | None, notes: list[str]) -> int:
-    """Print the queued ids, the service's notes and where to watch them; with --wait, follow
-    them to the end."""
-    for job_id in ids:
-        print(job_id, flush=True)
-    if sweep is not None:
-        ranking = f"rank them with `orchestrator sweep {sweep}`"
-        print(f"sweep {sweep}: {len(ids)} trials queued; {ranking}", file=sys.stderr)
-    for note in notes:
-        print(note, file=sys.stderr)
-    if page:
-        print(f"watch it: {page.rstrip('/')}/#/jobs/{ids[0]}", file=sys.stderr)
-    if not args.wait:
-        print(
-            f"follow it with: orchestrator status {ids[0]}   (the queue: orchestrator queue)",
-            file=sys.stderr,
-        )
-        return 0
-    return follow_queued(reader, ids, summary_path=args.summary)
+        relative = path.relative_to(working_dir.resolve())
+    except ValueError:
+        raise UsageError(
+            f"{spec_path}: the spec must be inside the directory shipped to the"
+            f" cluster ({working_dir}); move it there or pass --working-dir"
+        ) from None
+    args = ["orchestrator", "run", relative.as_posix()]
+    for override in overrides:
+        args += ["--set", override]
+    return shlex.join(args)

@@ -35,6 +35,7 @@ from typing import Any
 
 import ray
 
+from core import storage
 from core.jobs import JobState
 from core.spec import JobSpec, SpecError, validate
 from orchestrator.client import NAMESPACE, SERVICE_NAME
@@ -49,7 +50,14 @@ from orchestrator.service.live import LiveMetrics
 from orchestrator.service.progress import RECORD, STEP, fold
 from orchestrator.service.queue_calls import QueueCalls
 from orchestrator.service.read_calls import ReadCalls
-from orchestrator.service.sent_spec import SentSpec, queue_items, read_sent, resume_note, storage_problem
+from orchestrator.service.sent_spec import (
+    SentSpec,
+    checked,
+    queue_items,
+    read_sent,
+    resume_note,
+    storage_problem,
+)
 from orchestrator.service.store import JobRecord, Store, find
 from orchestrator.service.submission import new_job_id, new_record, storage_refusal, store_package
 from orchestrator.service.tenant_calls import TenantCalls, open_door
@@ -69,7 +77,6 @@ class ServiceConfig:
     backoff_s: float = 10.0  # first wait before a job whose start failed is admitted again
     max_backoff_s: float = 600.0
     max_failed_starts: int = 3  # attempts in a row that end before training starts: then failed
-    driver_timeout_s: float = 60.0  # a driver outside Ray Jobs that stops reporting is gone
     # the longest a failed attempt is held while the service finds out whether a node of its is
     # dead (it probes them; docs/cluster.md); None: as long as the cluster's own health checks
     # may take to declare a node dead (orchestrator/ray/node_health.py)
@@ -127,7 +134,7 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
             self.lifecycle, self.cycle, self.watchdog, self.lock, self.config.dashboard, self.token
         )
         self.views = Views(self.jobs, self.live, self.watchdog, self.cycle)
-        self.page, self.page_url = serve_page(self, self.config.web_host, self.config.web_port)
+        self.page, self.page_url = self._serve_page()
         log.info(
             "orchestrator service generation %d: %d jobs in %s",
             self.generation,
@@ -157,6 +164,20 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
     @property
     def nodes(self):
         return self.cycle.nodes
+
+    def _serve_page(self):
+        """The status page and the HTTP API. Asked for any free port (0), the service takes the
+        one an earlier instance of it took, while it is free: a service Ray restarted is then
+        where `orchestrator up` recorded it, and the CLI (and a user with only a token of its
+        own) still reaches it."""
+        host, port = self.config.web_host, self.config.web_port
+        kept = self.store.page_port() if port == 0 else None
+        page, url = serve_page(self, host, kept or port)
+        if page is None and kept:  # taken meanwhile
+            page, url = serve_page(self, host, 0)
+        if page is not None and port == 0:
+            self.store.keep_page_port(int(url.rstrip("/").rsplit(":", 1)[1]))
+        return page, url
 
     # -- the scheduling loop ------------------------------------------------------------------
 
@@ -191,88 +212,103 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
         token: str | None = None,
         route: str = ACTOR,
     ) -> dict:
-        """Queue a spec validated at submission; `package` is the zipped project directory the
-        job runs in. Options: priority, job_id, sweep. Returns the job's record. Its owner
-        is the user and team of `token`, whatever the options say."""
+        """Queue a spec checked at submission (`submit_sent` reads and checks one); `package`
+        is the zipped project directory the job runs in. Options: priority, job_id, sweep
+        fields, came_in_by (the Ray Job it came in by). Returns the job's view. Its owner is
+        the user and team of `token`, whatever the options say."""
         target = self.queue_target(spec.scheduling.queue)
         with self.lock, self.door.acting(token, route, Action.SUBMIT, target, name=spec.name) as owner:
             owned = {**(options or {}), "user": owner.user, "team": owner.team}
             job = self._new_record(spec, owned, "service")
+            job.came_in_by = owned.get("came_in_by")
             job.package = store_package(self.store, job.id, package, spec)
             self.lifecycle.save(job)
             view = self._view(job)
         self._wake.set()
         return view
 
-    def submit_specs(
-        self, specs: list[dict], options: list[dict], package: bytes | None, token: str | None = None
-    ) -> list[dict]:
-        """Jobs sent over HTTP (`POST /api/jobs`, the CLI's quick path): their specs are checked
-        against the schema again, since anyone holding a token may send them."""
-        self.door.authenticate(token, HTTP, Action.SUBMIT)  # an unknown caller: 401, logged
-        try:
-            typed = [validate(raw, "submitted spec") for raw in specs]
-        except SpecError as err:
-            raise ValueError(str(err).splitlines()[0]) from None
-        return [
-            self.submit(spec, option, package, token, HTTP)
-            for spec, option in zip(typed, options, strict=True)
-        ]
-
-    def submit_sent(self, sent: dict, package: bytes | None, token: str | None = None) -> dict:
-        """A spec file sent over HTTP as `orchestrator submit` read it (`sent_spec.py`): read,
-        checked and queued here. {"jobs": views, "sweep": name or None, "notes": lines to show};
-        ValueError with the lines a person acts on (a spec error names its field)."""
-        self.door.authenticate(token, HTTP, Action.SUBMIT)  # an unknown caller: 401, logged
+    def submit_sent(
+        self,
+        sent: dict,
+        package: bytes | None,
+        token: str | None = None,
+        route: str = HTTP,
+        came_in_by: str | None = None,
+    ) -> dict:
+        """The one way in: a spec file as its caller read it (`sent_spec.py`: its text, the
+        overrides, where the user stood), from `orchestrator submit` (over HTTP, or as an
+        actor call) and from `orchestrator run` on a cluster (a terminal, or the driver of a
+        `ray job submit`, which it `came_in_by`). Read and checked here, as `validate` does,
+        its relative storage made absolute, its storage probed, and queued:
+        {"jobs": views, "sweep": name or None, "notes": lines to show}. ValueError with the
+        lines a person acts on (a spec error names its field)."""
+        self.door.authenticate(token, route, Action.SUBMIT)  # an unknown caller: 401, logged
         given = SentSpec.from_body(sent)
         try:
             spec = read_sent(given)
         except SpecError as err:
             raise ValueError(str(err)) from None
-        specs, options = queue_items(spec, given.cwd, given.home)
-        target = self.queue_target(spec.scheduling.queue)
-        allowed = self.door.verdict(token, HTTP, Action.SUBMIT, target).allowed
-        if allowed:  # a caller refused the queue gets no probe of its storage (`submit` refuses it)
-            for uri in dict.fromkeys(job_spec.checkpoint.storage for job_spec in specs):
-                problem = storage_problem(spec.name, uri)  # outside the lock: storage may be slow to answer
-                if problem:
-                    raise ValueError(problem)
+        specs, options = queue_items(spec, given.cwd or None, given.home)
+        views = self._queue(specs, options, package, token, route, came_in_by, given.check_storage)
+        sweep = spec.name if spec.sweep is not None else None
         notes = [note for note in [resume_note(spec) if spec.sweep is None else None] if note]
-        views = [self.submit(s, o, package, token, HTTP) for s, o in zip(specs, options, strict=True)]
-        return {"jobs": views, "sweep": spec.name if spec.sweep is not None else None, "notes": notes}
+        return {"jobs": views, "sweep": sweep, "notes": notes}
+
+    def submit_specs(
+        self, specs: list[dict], options: list[dict], package: bytes | None, token: str | None = None
+    ) -> list[dict]:
+        """Specs as JSON (`POST /api/jobs` with `specs`, for a client that builds them itself):
+        checked against the schema and the registries, then queued as `submit_sent` queues."""
+        self.door.authenticate(token, HTTP, Action.SUBMIT)  # an unknown caller: 401, logged
+        try:
+            typed = [checked(validate(raw, "submitted spec")) for raw in specs]
+        except SpecError as err:
+            raise ValueError(str(err).splitlines()[0]) from None
+        return self._queue(typed, options, package, token, HTTP)
 
     def register(self, spec: JobSpec, options: dict | None = None, package: bytes | None = None) -> dict:
-        """A driver started outside the service (`orchestrator run`, `ray job submit`) queues its
-        job. Options: job_id, submission_id (its Ray Job, if any), priority."""
-        options = options or {}
-        with self.lock:
-            if options.get("job_id") in self.jobs:  # a restarted driver of a known job
-                job = self.jobs[options["job_id"]]
-                return self._attach(job, options.get("submission_id"))
-        # a driver runs with the Ray token (`ray job submit`): the cluster's admin submits
-        target = self.queue_target(spec.scheduling.queue)
-        with self.lock, self.door.acting(None, DRIVER, Action.SUBMIT, target, name=spec.name) as owner:
-            owned = {**options, "user": owner.user, "team": owner.team}
-            job = self._new_record(spec, owned, "driver")
-            job.submission_id = job.came_in_by = options.get("submission_id")
-            if package is not None:
-                job.package = store_package(self.store, job.id, package, spec)
-            job.last_seen = time.time()
-            self.lifecycle.save(job)
-            return self._view(job)
+        """A checked spec queued by a driver of the cluster (the Ray token's holder, its
+        admin): `submit` on the driver's route. Options as `submit`'s; `submission_id`: the
+        Ray Job it came in by."""
+        options = {**(options or {}), "came_in_by": (options or {}).get("submission_id")}
+        return self.submit(spec, options, package, None, DRIVER)
+
+    def _queue(
+        self,
+        specs: list[JobSpec],
+        options: list[dict],
+        package: bytes | None,
+        token: str | None,
+        route: str,
+        came_in_by: str | None = None,
+        check_storage: bool = True,
+    ) -> list[dict]:
+        """The checks every submission gets before it is queued: the caller may use the queue
+        (else its storage is not probed: a refused request learns nothing), and every job's
+        storage takes a checkpoint (probed outside the lock: storage may be slow to answer),
+        unless the caller says only the job's nodes reach it (its attempt checks it there)."""
+        queues = {spec.scheduling.queue for spec in specs}
+        allowed = all(
+            self.door.verdict(token, route, Action.SUBMIT, self.queue_target(q)).allowed for q in queues
+        )
+        if allowed and check_storage:
+            for uri, name in dict.fromkeys((spec.checkpoint.storage, spec.name) for spec in specs):
+                problem = storage_problem(name, uri) if storage.is_absolute(uri) else None
+                if problem:
+                    raise ValueError(problem)
+        options = [{**option, "came_in_by": came_in_by} for option in options]
+        return [self.submit(s, o, package, token, route) for s, o in zip(specs, options, strict=True)]
 
     # -- the drivers ---------------------------------------------------------------------------
 
-    def attach(self, job_id: str, submission_id: str | None) -> dict:
-        """The driver the service started for `job_id` is up."""
+    def attach(self, job_id: str, submission_id: str | None = None) -> dict:
+        """The attempt controller the service started for `job_id` is up."""
         with self.lock:
-            return self._attach(self._job(job_id), submission_id)
-
-    def _attach(self, job: JobRecord, submission_id: str | None) -> dict:
-        job.submission_id = submission_id or job.submission_id
-        job.last_seen = time.time()
-        self.lifecycle.save(job)
-        return self._view(job)
+            job = self._job(job_id)
+            job.submission_id = submission_id or job.submission_id
+            job.last_seen = time.time()
+            self.lifecycle.save(job)
+            return self._view(job)
 
     def admission(self, job_id: str) -> dict:
         """For a waiting driver: {"state", "attempt", "placement", "note", "position"}."""

@@ -15,10 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ray.job_submission import JobStatus
-
 from core.jobs import JobState
-from orchestrator.client import is_attempt_of
 from orchestrator.policy import autoscale
 from orchestrator.policy.admission import free_capacity, place
 from orchestrator.policy.hangs import start_stuck
@@ -119,14 +116,10 @@ class SchedulingCycle:
     # -- reconcile -----------------------------------------------------------------------------
 
     def reconcile(self, now: float) -> None:
-        """Bring the job table in line with the drivers Ray runs."""
-        waiting = (j for j in self.jobs.pending() if j.submission_id or j.launched_by == "driver")
-        watched = self.jobs.holding() + list(waiting)
+        """Bring the job table in line with the attempt controllers Ray runs."""
+        watched = self.jobs.holding()
         runner = self.lifecycle.runner
-        drivers = [j.submission_id for j in watched if j.submission_id]
-        # the Ray Jobs of `ray job submit` are asked for only when a job came in by one
-        ray_jobs = any(not is_attempt_of(sid, j.id) for j in watched if (sid := j.submission_id))
-        statuses = runner.statuses(ray_jobs=ray_jobs) if drivers else {}
+        statuses = runner.statuses() if any(j.submission_id for j in watched) else {}
         # a job's workers start after the previous job's did (`start_stuck`): the newest start
         # of a job that holds resources or ended (a waiting job's start is of an ended attempt)
         last_start = max((j.started_at or 0.0 for j in self.jobs.values()), default=0.0)
@@ -135,10 +128,10 @@ class SchedulingCycle:
             lost = self.lost_nodes(job) if job.state.holds_resources else {}
             if lost and job.state is JobState.STOPPING and set(lost) <= self.drained_away:
                 lost = {}  # its workers stopped for the drain and Ray ended the idle node: the driver reports
-            if lost:  # its driver resumes it once admitted again; if the driver died too (the head
-                # was lost with the cluster), the service starts a new one from the job's package
-                _, driver_gone = self._driver_status(job, statuses, now)
-                self.lifecycle.node_lost(job, list(lost), now, driver_gone=driver_gone, why=lost)
+            if lost:  # its next admission starts a new attempt controller from the job's package
+                self.lifecycle.node_lost(
+                    job, list(lost), now, driver_gone=self._gone(job, statuses), why=lost
+                )
                 continue
             drained = sorted(set(job.placement) & self.draining)
             if drained and job.state is not JobState.STOPPING:  # checkpoint and move, before it goes
@@ -148,11 +141,8 @@ class SchedulingCycle:
             if job.unconfirmed_failure:  # no node of its is known dead (yet)
                 self._judge_failure(job, now)
                 continue
-            status, driver_gone = self._driver_status(job, statuses, now)
-            if driver_gone and job.state.is_pending:
-                self._waiting_driver_gone(job, now)
-            elif driver_gone and job.state.holds_resources:
-                self.lifecycle.driver_gone(job, now, status)
+            if self._gone(job, statuses):
+                self.lifecycle.driver_gone(job, now, None)
             elif job.state is JobState.ADMITTED and start_stuck(job.admitted_at, last_start, now, deadline):
                 self.lifecycle.start_timed_out(job, now)
             elif job.state is JobState.STOPPING:
@@ -172,22 +162,10 @@ class SchedulingCycle:
         else:
             self.lifecycle.confirm_failure(job, now)
 
-    def _driver_status(self, job: JobRecord, statuses: dict[str, str], now: float) -> tuple[str | None, bool]:
-        """(the status of what runs the job, its attempt controller or the Ray Job it came in
-        by; whether that is gone)."""
-        if job.submission_id:
-            status = statuses.get(job.submission_id)
-            return status, status is None or JobStatus(status).is_terminal()
-        # a driver outside Ray Jobs (a terminal): alive while it keeps reporting
-        silent = now - job.last_seen
-        return None, job.launched_by == "driver" and silent > self.config.driver_timeout_s
-
-    def _waiting_driver_gone(self, job: JobRecord, now: float) -> None:
-        job.submission_id = None  # a driver waiting in the queue went away
-        if not job.package:
-            self.lifecycle.finish(job, JobState.FAILED, now, reason="its driver exited while it was queued")
-        else:  # the service starts it again from its package when it is admitted
-            self.lifecycle.save(job)
+    def _gone(self, job: JobRecord, statuses: dict[str, str]) -> bool:
+        """Whether the attempt controller of a job that holds resources has ended (a job
+        without one: a driver of an older client that runs the job itself, never judged)."""
+        return bool(job.submission_id) and job.submission_id not in statuses
 
     # -- schedule ------------------------------------------------------------------------------
 

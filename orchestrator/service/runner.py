@@ -1,7 +1,7 @@
 """Starting, watching and stopping the attempt controllers that run the queue's jobs.
 
 Each attempt of a job runs in one process, its attempt controller
-(`orchestrator.attempt_controller`): a detached actor named `<id>-a<attempt>` in the service's
+(`orchestrator/attempt/controller.py`): a detached actor named `<id>-a<attempt>` in the service's
 namespace, on the job's own node (the one with most of its workers), so the head pays for none
 of a job's control and a job's control shares its nodes' fate. Ray refuses a second live actor
 of one name, so an attempt cannot start twice, whichever service tries.
@@ -72,16 +72,16 @@ class AttemptRunner:
         """The package's URI in the cluster (gcs://...), uploaded unless Ray has it already.
         Ray uploads a local working_dir for a driver or a Ray Job only; this is Ray Jobs'
         client's own upload, through the dashboard with the cluster's token."""
+        from orchestrator.ray.internals import upload_working_dir
+
         with local_copy(package_uri) as working_dir:
-            runtime_env = {"working_dir": working_dir}
-            self.client._upload_working_dir_if_needed(runtime_env)
-        return runtime_env["working_dir"]
+            return upload_working_dir(self.client, working_dir)
 
     def launch(self, job_id: str, attempt: int, package_uri: str, placement: dict[str, int]) -> str:
         """Start the controller of `job_id`'s attempt on its `placement`; returns its name."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from orchestrator.attempt_controller import AttemptControllerActor
+        from orchestrator.attempt.controller import AttemptControllerActor
 
         name = attempt_name(job_id, attempt)
         options = dict(
@@ -100,38 +100,24 @@ class AttemptRunner:
                 raise
             log.warning("%s was already started (by an earlier service)", name)
             return name
-        controller.run.remote(job_id, SPEC_IN_PACKAGE)
+        controller.run.remote(SPEC_IN_PACKAGE, job_id)
         return name
 
     def stop(self, name: str) -> None:
-        """End the attempt's controller now, and its run with it; a driver that came in by
-        `ray job submit` is stopped by Ray Jobs (SIGTERM, then SIGKILL a few seconds later)."""
+        """End the attempt's controller now, and its run with it."""
         import ray
 
         try:
             ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
-            return
-        except ValueError:  # no such controller: gone already, or a Ray Job's driver
+        except ValueError:  # no such controller: gone already
             pass
-        try:
-            self.client.stop_job(name)
-        except Exception as err:
-            if "does not exist" not in str(err):
-                raise
 
-    def statuses(self, ray_jobs: bool = False) -> dict[str, str]:
-        """Every attempt controller the cluster has (starting or running) by name, in one
-        call; with `ray_jobs`, every Ray Job too (the drivers of `ray job submit`), with its
-        status (RUNNING, SUCCEEDED, ...)."""
+    def statuses(self) -> dict[str, str]:
+        """Every attempt controller the cluster has (starting or running), by name, in one call."""
         import ray
 
-        found = {
+        return {
             a["name"]: RUNNING
             for a in ray.util.list_named_actors(all_namespaces=True)
             if a["namespace"] == NAMESPACE and "-a" in a["name"]
         }
-        if ray_jobs:
-            for job in self.client.list_jobs():
-                if job.submission_id:
-                    found.setdefault(job.submission_id, str(getattr(job.status, "value", job.status)))
-        return found

@@ -10,8 +10,6 @@ The other ways in (the actor, a driver) validate where they run and share `queue
 
 from __future__ import annotations
 
-import os
-import posixpath
 from dataclasses import dataclass
 
 from core import storage
@@ -25,8 +23,9 @@ class SentSpec:
     path: str  # as the user named the file: errors name it so
     text: str
     overrides: tuple[str, ...]
-    cwd: str  # where a relative checkpoint.storage is meant
+    cwd: str  # where a relative checkpoint.storage is meant ("": not known)
     home: str  # what ~ means to the user
+    check_storage: bool = True  # False: storage only the job's nodes reach; the attempt checks it
 
     @classmethod
     def from_body(cls, body: object) -> SentSpec:
@@ -37,39 +36,35 @@ class SentSpec:
         overrides = body.get("overrides") or []
         if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
             raise ValueError("spec_file.overrides must be a list of KEY=VALUE strings")
-        return cls(body["path"], body["text"], tuple(overrides), body["cwd"], body["home"])
+        check_storage = body.get("check_storage", True)
+        if not isinstance(check_storage, bool):
+            raise ValueError("spec_file.check_storage must be true or false")
+        return cls(body["path"], body["text"], tuple(overrides), body["cwd"], body["home"], check_storage)
 
     def to_body(self) -> dict:
         fields = {"path": self.path, "text": self.text, "cwd": self.cwd, "home": self.home}
-        return {**fields, "overrides": list(self.overrides)}
+        return {**fields, "overrides": list(self.overrides), "check_storage": self.check_storage}
 
 
 def read_sent(sent: SentSpec) -> JobSpec:
     """The spec, checked as `orchestrator validate` checks it, or SpecError."""
+    return checked(load_spec_text(sent.text, sent.path, list(sent.overrides)), sent.path)
+
+
+def checked(spec: JobSpec, source: str = "submitted spec") -> JobSpec:
+    """`spec`, when its model and data are ones the data plane has; else SpecError."""
     from workers.checks import job_problems  # the data plane's model and data registries (no torch)
 
-    spec = load_spec_text(sent.text, sent.path, list(sent.overrides))
     problems = job_problems(spec)
     if problems:
-        raise SpecError(problems, sent.path)
+        raise SpecError(problems, source)
     return spec
 
 
-def absolute_storage(uri: str, cwd: str, home: str) -> str:
-    """A relative local path as the user meant it, from where the user stood; URIs unchanged."""
-    if "://" in uri or os.path.isabs(uri):
-        return uri
-    if uri == "~" or uri.startswith("~/"):
-        return posixpath.normpath(home + uri[1:])
-    return posixpath.normpath(posixpath.join(cwd, uri))
-
-
-def queue_items(
-    spec: JobSpec, cwd: str | None = None, home: str | None = None
-) -> tuple[list[JobSpec], list[dict]]:
+def queue_items(spec: JobSpec, cwd: str | None, home: str) -> tuple[list[JobSpec], list[dict]]:
     """The specs to queue (a sweep's trials, or the spec) with their options; relative storage
-    made absolute as seen from `cwd` (default: here), where the user means it."""
-    cwd, home = cwd or os.getcwd(), home or os.path.expanduser("~")
+    made absolute as seen from `cwd`, where the user stood (None: not known, for the driver of
+    a `ray job submit` from a directory this machine did not record: refused)."""
     if spec.sweep is not None:
         trials = sweeps.trials(spec)
         specs = [trial.spec for trial in trials]
@@ -87,7 +82,7 @@ def queue_items(
     else:
         specs, options = [spec], [{}]
     for job_spec in specs:
-        job_spec.checkpoint.storage = absolute_storage(job_spec.checkpoint.storage, cwd, home)
+        job_spec.checkpoint.storage = storage.as_the_user_meant(job_spec.checkpoint.storage, cwd, home)
     return specs, options
 
 

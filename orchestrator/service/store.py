@@ -3,6 +3,7 @@
     <store>/jobs/<job id>.json      a JobRecord, rewritten whole on every change
     <store>/service.json            the lease: which service instance owns the queue
     <store>/queues.json             the queue configuration applied last (if any)
+    <store>/page.json               the port the service's page took when asked for any free one
     <store>/packages/<job id>.zip   the job's project directory, zipped, with its spec (the Ray
                                     Job's working_dir); one object, however many files
 
@@ -54,12 +55,11 @@ class JobRecord:
     submitted_at: float
     run: str = ""  # the run name: checkpoints live in <checkpoint.storage>/<run>/
     state: JobState = JobState.QUEUED
-    launched_by: str = "service"  # "service": the service starts its Ray Job; "driver": a
-    # driver started elsewhere (`ray job submit`, `orchestrator run`) registered itself
+    launched_by: str = "service"  # "service": the service starts each attempt's controller;
+    # "driver": a record of an older version, whose own driver ran its attempts
     attempt: int = 0  # admissions so far
-    submission_id: str | None = None  # the Ray Job running its driver now
-    driver_node: str | None = None  # where the driver the service started runs: it ends with
-    # its attempt (None: no such driver; one that registered itself waits for each admission)
+    submission_id: str | None = None  # the name of the attempt controller running it now
+    driver_node: str | None = None  # where that controller runs: it ends with its attempt
     came_in_by: str | None = None  # the Ray Job that queued it (`ray job submit`), if one did
     placement: dict[str, int] = field(default_factory=dict)  # node id -> workers
     admitted_at: float | None = None
@@ -316,6 +316,20 @@ class Store:
         if lease and lease["owner"] == owner:
             lease["renewed_at"] = 0.0
             self._write_atomic(self._lease_path(), lease)
+
+    # -- the page's port -----------------------------------------------------------------------
+
+    def page_port(self) -> int | None:
+        """The port an earlier instance of this store's service served its page on, when it
+        was asked for any free one (None: none recorded)."""
+        try:
+            port = self._read_json(posixpath.join(self.root, "page.json")).get("port")
+        except (FileNotFoundError, ValueError, AttributeError):
+            return None
+        return port if isinstance(port, int) and 0 < port < 65536 else None
+
+    def keep_page_port(self, port: int) -> None:
+        self._write_atomic(posixpath.join(self.root, "page.json"), {"port": port})
 
     # -- packages (working directories) ----------------------------------------------------
 

@@ -50,7 +50,7 @@ class Views:
         view["waited_s"] = job.waited(time.time())
         res = job.spec.resources
         view["elastic"] = [res.min_workers, res.max_workers] if res.elastic else None
-        # what runs it: its attempt's controller, or the Ray Job it came in by (every attempt)
+        # what runs it: its attempt's controller
         view["submission"] = job.submission_id or (attempt_name(job.id, job.attempt) if job.attempt else None)
         return view
 

@@ -1,0 +1,340 @@
+"""AttemptController: the one owner of one attempt of a job, in one process on the job's node.
+
+Every way an attempt runs on Ray starts one: the service, for each admission of a queued job
+(`service/runner.py`: a detached actor named `<job id>-a<attempt>`, in the job's package), and
+`orchestrator run` on a cluster without a service (`driver.py`: an actor beside the driver,
+which shows its feed). The process holds the whole attempt:
+
+    its state       one of `states.py`'s, changed only by `_set_state`, which tells the
+                    listeners (the service's record, the metrics log, MLflow, the terminal)
+    its loop        `run`: `_step` until Ended, each step dispatching on the state
+    the run         Ray Train's `fit()` on a thread of this process, with Ray Train's controller
+                    loop in it (`launcher.trainer`): the workers and their placement group
+                    belong to this process, so its end ends the run
+    the workers     their calls (join, log, checkpoint, fail, finish, the stop flag), on the
+                    actor's default thread, queued for the loop as events
+    its decisions   `policy.py`, pure: what an event or a stop request leads to, the summary
+
+When the attempt is reported the process ends (a service's), or the driver that started it
+does (`orchestrator run`); a run aborted before that ends with it, workers and all.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+import traceback
+
+import ray
+
+from core import storage
+from core.jobs import TERMINAL_VALUES
+from core.run_folder import run_name
+from core.spec import JobSpec
+from orchestrator import client
+from orchestrator.attempt import policy
+from orchestrator.attempt.listeners import Feed, Listener, MetricsLog, Mlflow, ServiceRecord, Terminal
+from orchestrator.attempt.states import (
+    Aborting,
+    CheckpointSaved,
+    Ended,
+    Progress,
+    RankRecord,
+    Records,
+    Rewound,
+    RunStarted,
+    Starting,
+    State,
+    Stopping,
+    WorkerFailed,
+    WorkersStarted,
+    check_transition,
+    name,
+)
+from orchestrator.ray import launcher
+from orchestrator.ray.cluster import yield_to_training
+
+POLL_S = 1.0  # how often the loop looks at the run: the progress lines, the reports
+KILL_WAIT_S = 30.0  # ray.kill of this process takes milliseconds
+
+
+class AttemptController:
+    def __init__(self):
+        yield_to_training()  # the workers' calls run on this thread; the job's ranks come first
+        self.state: State = Starting()
+        self.path: list[tuple[str, float]] = [(name(self.state), time.time())]
+        self.listeners: list[Listener] = []
+        self.progress = Progress(total_steps=None)
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # the workers' events, in order
+        self.feed = Feed()  # what `orchestrator run` shows on its terminal
+        self.fit_thread: threading.Thread | None = None
+        self.fit_failure: dict | None = None  # how `fit()` failed (`launcher.describe_failure`)
+        self.terminal: Terminal | None = None  # set when the attempt starts: it names the job
+        self.record: ServiceRecord | None = None
+        self.mlflow: Mlflow | None = None
+        self.aborted = False  # ended at once: its workers end with this process
+        # the workers' side: set by their calls
+        self.groups: list[str] = []  # the placement group of each worker group, in order
+        self.members: dict[int, dict[int, dict]] = {}  # group -> rank -> where it runs
+        self.error: dict | None = None  # the first failure worth reporting
+        self.workers_summary: dict | None = None  # rank 0's, at the end
+        self.stop: str | None = None  # the stop rank 0 reads ("stop" or "preempt")
+
+    # -- the attempt ---------------------------------------------------------------------------
+
+    @ray.method(concurrency_group="attempt")
+    def run(self, spec: JobSpec | str, job_id: str | None = None) -> dict:
+        """The attempt of `job_id` the service admitted (`spec`: the path of the spec stored in
+        the job's package), or, without `job_id`, of `spec` alone; returns its summary."""
+        from core.spec import load_stored
+
+        sys.stderr = sys.stdout  # one log, in order: `orchestrator logs` reads the process's stdout
+        spec = load_stored(spec) if isinstance(spec, str) else spec
+        self.terminal = Terminal(spec.name, spec.train.steps, [self._log_screen(), self.feed])
+        try:
+            if job_id is None:
+                summary = self._attempt(spec, run_name(spec), None, None, {})
+                self._let_mlflow_finish()
+                return summary
+            return self._for_service(spec, job_id)
+        except BaseException:  # the service sees the process end; the reason goes to its log
+            traceback.print_exc()
+            raise
+        finally:
+            if job_id is not None:
+                self._end_process()
+
+    def _for_service(self, spec: JobSpec, job_id: str) -> dict:
+        """Attached to the service's record: checked, run as admitted, reported."""
+        service = client.find()
+        if service is None:
+            raise client.ServiceError("no orchestrator service on this cluster")
+        view = client.call(service.attach, job_id, None)
+        run, uri = view["run"], storage.join(spec.checkpoint.storage, view["run"])
+        self.terminal.say(f"attempt {view['attempt']} of {job_id}; checkpoints in {uri}")
+        try:
+            launcher.preflight(spec, uri)
+        except OSError as err:  # no retry can mend it: the job fails now, with the reason
+            reason = str(err).splitlines()[0]
+            client.call(service.fail, job_id, reason)
+            summary = policy.not_run(spec.name, run, "failed", reason)
+            print_report(summary)
+            return summary
+        admitted = client.call(service.admission, job_id)
+        if admitted["state"] in TERMINAL_VALUES:  # stopped before this process started
+            return policy.not_run(spec.name, run, admitted["state"], "ended before it started")
+        record = ServiceRecord(service, job_id, admitted["attempt"])
+        if admitted["state"] == "stopping":  # stopped or preempted before its run started
+            status = "preempted" if admitted["stop"] == "preempt" else "stopped"
+            summary = policy.not_run(spec.name, run, status, f"{status} before it started")
+            self._after_report(summary, record.finished(summary))
+            return summary
+        spec = self._as_admitted(spec, admitted)
+        summary = self._attempt(spec, run, admitted["placement"], record, view)
+        self._after_report(summary, record.finished(summary))
+        return summary
+
+    def _as_admitted(self, spec: JobSpec, admitted: dict) -> JobSpec:
+        spec = spec.model_copy(deep=True)
+        if spec.resources.elastic:  # the size the service admitted it at
+            spec = spec.at_size(sum(admitted["placement"].values()))
+        if admitted["attempt"] > 1:  # a later admission continues the job's own checkpoints
+            spec.checkpoint.resume = "auto"
+        accum = f", {spec.train.grad_accum} micro-batches per step" if spec.resources.elastic else ""
+        self.terminal.say(
+            f"admitted (attempt {admitted['attempt']}): {spec.resources.num_workers} "
+            f"worker(s) on {len(admitted['placement'])} node(s){accum}"
+        )
+        self.terminal.update(state="admitted", note=None)
+        return spec
+
+    def _attempt(self, spec: JobSpec, run: str, placement, record: ServiceRecord | None, job: dict) -> dict:
+        """Run it: the listeners set up, `fit()` started, the loop until the run has ended."""
+        from orchestrator.monitoring import mlflow_tracking
+
+        uri = storage.join(spec.checkpoint.storage, run)
+        if record is None:  # alone: checked here (the service's attempts are checked before)
+            try:
+                launcher.preflight(spec, uri)
+            except OSError as err:
+                return policy.not_run(spec.name, run, "failed", str(err).splitlines()[0])
+        self.spec, self.run_name, self.record = spec, run, record
+        self.progress = Progress(total_steps=spec.train.steps)
+        tracker = mlflow_tracking.for_attempt(spec, uri, run, job, self.terminal.say)
+        self.mlflow = Mlflow(tracker) if tracker is not None else None
+        extra = [listener for listener in (record, self.mlflow) if listener is not None]
+        self.listeners = [self.terminal, MetricsLog(uri, spec.metrics.tensorboard), *extra]
+        self._start_fit(spec, run, placement)
+        while not isinstance(self.state, Ended):
+            self._step()
+        return self.state.summary
+
+    def _step(self) -> None:
+        """One turn of the loop, by state: an aborted run ends at once; any other takes the
+        workers' events, ends when `fit()` has returned, else reports (the service's reply may
+        ask it to stop)."""
+        if isinstance(self.state, Aborting):  # its workers end with this process
+            self._end(policy.aborted_summary(self.state, self.progress, self.spec.name, self.run_name))
+            return
+        self.fit_thread.join(POLL_S)
+        self._take_events()
+        if not self.fit_thread.is_alive():
+            self._take_events()  # what the workers said before fit() returned
+            if self.record is not None:
+                self.record.report(self.progress, final=True)
+            end = policy.RunEnd(self.workers_summary, self.error, self.fit_failure, len(self.groups))
+            max_failures = self.spec.fault_tolerance.max_failures
+            self._end(policy.ended_summary(end, self.progress, self.spec.name, self.run_name, max_failures))
+        elif self.record is not None:
+            request = self.record.report(self.progress)
+            if request is not None:
+                self._set_state(policy.after_stop_request(self.state, request))
+
+    def _take_events(self) -> None:
+        while True:
+            try:
+                event = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            self.progress.apply(event)
+            for listener in self.listeners:
+                listener.event(event, self.progress)
+            self._set_state(policy.after_event(self.state, event))
+
+    def _end(self, summary: dict) -> None:
+        self.aborted = isinstance(self.state, Aborting)
+        self._set_state(Ended({**summary, "phases": [*self.path, ("ended", time.time())]}))
+
+    def _set_state(self, after: State) -> None:
+        """The one place the attempt's state changes: checked against its table, the stop flag
+        the workers read set with it, every listener told."""
+        before = self.state
+        if after == before:
+            return
+        check_transition(before, after)
+        self.state = after
+        if type(after) is not type(before):
+            self.path.append((name(after), time.time()))
+        if isinstance(after, Stopping):
+            self.stop = after.request
+        for listener in self.listeners:
+            listener.state_changed(before, after, self.progress)
+
+    def _start_fit(self, spec: JobSpec, run: str, placement: dict[str, int] | None) -> None:
+        """Ray Train's `fit()` on a thread of this process; this actor is the workers' controller."""
+        me = ray.get_runtime_context().current_actor
+
+        def fit() -> None:
+            try:
+                launcher.trainer(spec, run, me, placement).fit()
+            except BaseException as err:  # reported in the summary, with the workers' own reason
+                self.fit_failure = launcher.describe_failure(err)
+
+        self.fit_thread = threading.Thread(target=fit, name="fit", daemon=True)
+        self.fit_thread.start()
+
+    def _after_report(self, summary: dict, after: dict) -> None:
+        """The service's verdict said, the summary printed, MLflow given its time."""
+        if after["state"] not in TERMINAL_VALUES:
+            self.terminal.requeued(after, summary)
+        print_report(summary)
+        self._let_mlflow_finish()
+
+    def _let_mlflow_finish(self) -> None:
+        """A bounded wait for MLflow to have all of the attempt (not after an abort: what it
+        lacks, the job's next attempt sends)."""
+        if self.mlflow is not None and not self.aborted:
+            self.mlflow.wait()
+
+    def _log_screen(self):
+        from orchestrator.monitoring.terminal import Display
+
+        return Display(live=False)
+
+    def _end_process(self) -> None:
+        """End this process, and with it an aborted run's controller loop and workers."""
+        sys.stdout.flush()
+        if self.fit_thread is not None and self.fit_thread.is_alive():
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+            time.sleep(KILL_WAIT_S)
+        ray.actor.exit_actor()
+
+    # -- `orchestrator run`'s terminal -----------------------------------------------------------
+
+    def feed_since(self, cursor: int) -> tuple[list, int]:
+        return self.feed.since(cursor)
+
+    # -- the workers' calls ----------------------------------------------------------------------
+
+    def join(self, group: str, rank: int, world_size: int, pid: int, node: str, node_id: str) -> int:
+        """A worker started; returns its group's number (0 for the first)."""
+        if group not in self.groups:
+            self.groups.append(group)
+        index = self.groups.index(group)
+        members = self.members.setdefault(index, {})
+        members[rank] = {"pid": pid, "node": node, "node_id": node_id}
+        if len(members) == world_size:
+            self.inbox.put(WorkersStarted(index, dict(sorted(members.items()))))
+        return index
+
+    def restore(self, group: int, history: list[dict], resumed: dict | None = None) -> None:
+        """The group (re)started from a checkpoint holding `history`, or from scratch ([]);
+        `resumed` says which checkpoint, and which newer ones were skipped as incomplete."""
+        if not self._current(group):
+            return
+        resumed = resumed or {}
+        # the checkpoint's own step: its log may end a few steps earlier, at the last logged one
+        steps = [r["step"] for r in history if "step" in r]
+        step = resumed["step"] if resumed.get("checkpoint") else max(steps, default=0)
+        self.inbox.put(Rewound(list(history)))
+        self.inbox.put(RunStarted(group, step, resumed.get("checkpoint"), resumed.get("skipped") or []))
+
+    def log(self, group: int, records: list[dict]) -> None:
+        if self._current(group):  # else: from a worker group that has since been replaced
+            self.inbox.put(Records(records))
+
+    def log_rank(self, group: int, rank: int, record: dict) -> None:
+        if self._current(group):
+            self.inbox.put(RankRecord(rank, record))
+
+    def checkpoint(self, group: int, step: int, uri: str) -> None:
+        self.inbox.put(CheckpointSaved(step, uri))
+
+    def fail(self, rank: int, reason: str, retry: bool) -> None:
+        if self.error is None or (not retry and self.error["retry"]):
+            self.error = {"rank": rank, "reason": reason, "retry": retry}
+        self.inbox.put(WorkerFailed(rank, reason, retry))
+
+    def fatal(self) -> str | None:
+        """The reason of a failure not worth retrying, if there was one."""
+        return self.error["reason"] if self.error and not self.error["retry"] else None
+
+    def stop_requested(self) -> str | None:
+        return self.stop
+
+    def finish(self, summary: dict) -> None:
+        self.workers_summary = summary
+
+    def _current(self, group: int) -> bool:
+        return group == len(self.groups) - 1
+
+
+def print_report(summary: dict) -> None:
+    """The attempt's summary as a person reads it at the end of a log."""
+    from core.summary import print_summary
+
+    job = summary["job"]
+    if summary.get("steps") is not None:
+        print_summary(summary)
+    if summary.get("restarts"):
+        print(f"[{job}] restarts: {summary['restarts']} (resumed from checkpoints)", flush=True)
+    if summary["status"] == "failed":
+        print(f"error: {job}: {summary['reason']}", file=sys.stderr, flush=True)
+
+
+# the attempt's loop has a thread of its own; the workers' calls share the default one
+AttemptControllerActor = ray.remote(num_cpus=0, max_restarts=0, concurrency_groups={"attempt": 1})(
+    AttemptController
+)
