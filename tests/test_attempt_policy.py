@@ -122,6 +122,12 @@ def test_a_feed_drops_what_its_follower_has_read():
     assert feed.since(3) == feed.since(3) == ([("update", "job", None, {"state": "running"})], 4)
     assert len(feed.calls) == 1  # the first three are dropped once the follower asks past them
     assert feed.since(4) == ([], 4) and feed.calls == []
+    # nobody reads it (the service's attempts): it keeps the newest `keep` calls only
+    small = Feed(keep=2)
+    for i in range(5):
+        small.event("job", f"line {i}")
+    calls, cursor = small.since(0)
+    assert [text for _, _, text, _ in calls] == ["line 3", "line 4"] and cursor == 5
 
 
 class Recorder(Listener):

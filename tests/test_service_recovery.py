@@ -1,5 +1,5 @@
 """The orchestrator service on a real Ray cluster, when something dies or comes in another way:
-`ray job submit` of a spec through the queue, the service actor killed, a job's attempt
+`ray job submit` of a spec and `orchestrator run` through the queue, the service actor killed, a job's attempt
 controller killed, a rank killed with every node answering. The cluster is the session's
 (tests/conftest.py's `service`: a head and two nodes of one `slot` each).
 """
@@ -64,6 +64,62 @@ def test_ray_job_submit_goes_through_the_queue(service):
     # the id `ray job submit` printed names the same job: one job, whichever id is at hand
     by_ray_id = service.cli("status", submission)
     assert by_ray_id.returncode == 0 and by_ray_id.stdout.startswith(f"{job_id}: succeeded\n"), by_ray_id
+
+
+def run_args(service, *sets: str) -> list[str]:
+    args = ["run", SPEC, "--address", service.head.address, "--set", "resources.custom_per_worker.slot=1"]
+    return args + [arg for s in sets for arg in ("--set", s)]
+
+
+@pytest.mark.timeout(600)
+def test_orchestrator_run_on_a_cluster_with_a_service_queues_through_it_and_follows_its_job(
+    service, tmp_path
+):
+    # the same checks as `submit`: a disk of one node's own is refused for a cluster of three
+    refused = service.cli(*run_args(service, "checkpoint.storage=./runs", "name=via-run-local"))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "is a local path, and each of this cluster's 3 nodes has a disk of its own" in refused.stderr
+    summary = tmp_path / "summary.json"
+    sets = ("train.steps=10", f"checkpoint.storage={service.runs}", "name=via-run")
+    done = service.cli(*run_args(service, *sets), "--summary", str(summary))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    job_id = done.stdout.split("queued as ")[1].split()[0]
+    job = service.job(job_id)
+    assert (
+        job["state"] == "succeeded" and job["came_in_by"] is None and job["submission_id"] == f"{job_id}-a1"
+    )
+    assert json.loads(summary.read_text())["steps"] == 10
+    assert (service.runs / "via-run" / "checkpoint_00000010").is_dir()
+
+    # a SIGTERM (`ray job stop` sends one) asks the service to checkpoint and stop the job
+    name = service.paced("via-run-stopped")
+    sets = (
+        "train.steps=600",
+        "checkpoint.every_steps=1000",
+        f"checkpoint.storage={service.runs}",
+        f"name={name}",
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **service.env}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *run_args(service, *sets)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = driver.stdout.readline()
+    while "queued as" not in line:
+        assert line, driver.stderr.read()[-2000:]
+        line = driver.stdout.readline()
+    job_id = line.split("queued as ")[1].split()[0]
+    service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 5, what="progress")
+    driver.send_signal(signal.SIGTERM)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 128 + signal.SIGTERM and "stopped (SIGTERM)" in err, out[-2000:] + err[-2000:]
+    service.release(name)
+    job = service.wait(job_id, lambda j: j["state"] == "stopped", what="stopped")
+    assert job["last_checkpoint"] and job["reason"].startswith("stopped at step"), job  # checkpointed first
 
 
 def _kill_service_actor(service) -> None:

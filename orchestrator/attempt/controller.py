@@ -91,6 +91,7 @@ class AttemptController:
         from core.spec import load_stored
 
         sys.stderr = sys.stdout  # one log, in order: `orchestrator logs` reads the process's stdout
+        yield_to_training()  # this thread (and `fit()`'s, which it starts) is bookkeeping
         spec = load_stored(spec) if isinstance(spec, str) else spec
         self.terminal = Terminal(spec.name, spec.train.steps, [self._log_screen(), self.feed])
         try:

@@ -118,26 +118,33 @@ class Mlflow(Listener):
 
 class Feed:
     """The terminal's calls, kept for a follower to replay (`orchestrator run`'s own terminal):
-    the follower asks for what is new from a cursor; what it has read is dropped."""
+    the follower asks for what is new from a cursor; what it has read is dropped, and so is the
+    oldest past `keep` (an attempt nobody follows, the service's, keeps no more)."""
 
-    def __init__(self):
+    def __init__(self, keep: int = 1000):
         self.calls: list[tuple[str, str, str | None, dict]] = []
-        self.dropped = 0
+        self.dropped, self.keep = 0, keep
 
     def event(self, job: str, text: str) -> None:
-        self.calls.append(("event", job, text, {}))
+        self._add(("event", job, text, {}))
 
     def progress(self, job: str, text: str, **values) -> None:
-        self.calls.append(("progress", job, text, values))
+        self._add(("progress", job, text, values))
 
     def update(self, job: str, **values) -> None:
-        self.calls.append(("update", job, None, values))
+        self._add(("update", job, None, values))
+
+    def _add(self, call: tuple) -> None:
+        self.calls.append(call)
+        if len(self.calls) > self.keep:
+            del self.calls[0]
+            self.dropped += 1
 
     def since(self, cursor: int) -> tuple[list, int]:
         if cursor > self.dropped:
             del self.calls[: cursor - self.dropped]
             self.dropped = cursor
-        return self.calls[cursor - self.dropped :], self.dropped + len(self.calls)
+        return self.calls[max(cursor - self.dropped, 0) :], self.dropped + len(self.calls)
 
 
 def replay(calls: list, display) -> None:
