@@ -79,6 +79,7 @@ def test_the_services_pages_follow_its_queue_order_states_and_search(tmp_path):
             counts[job.state.value] = counts.get(job.state.value, 0) + 1
         assert found["counts"] == counts and len(counts) == 2  # running and waiting ones
         # the scheduler's note on each waiting job, which its record does not keep, is searched too
+        service.tick()  # a pass after the last submission (the woken loop's may not have run yet)
         views = service.queue(include_finished=True)
         behind = [view["id"] for view in views if "behind" in (view["note"] or "")]
         page = service.queue_page(QueueQuery(words=("behind",), limit=500))
