@@ -29,7 +29,8 @@ the second (one origin per VC, one hour apart across 2017-11-05): docs/scheduler
 
 The cluster of a VC: the fewest 8-GPU nodes that hold its largest job and keep the offered
 load (GPU-seconds submitted over GPU-seconds available between the first and the last
-submission) at or below 0.8.
+submission) at or below 0.8; in the load sweep (issue 51), the GPUs that give the offered
+load nearest each target (`gpus_for_load`).
 """
 
 from __future__ import annotations
@@ -146,6 +147,20 @@ def offered_load(jobs: list[TraceJob], nodes: int, per_node: int = GPUS_PER_NODE
     span = max(job.submit for job in jobs) - min(job.submit for job in jobs)
     work = sum(job.gpus * job.duration for job in jobs)
     return work / (nodes * per_node * span) if span > 0 else math.inf
+
+
+def gpus_for_load(jobs: list[TraceJob], load: float, per_node: int = GPUS_PER_NODE) -> int:
+    """The GPUs that give `jobs` the offered load nearest `load`, and at least enough to hold
+    the largest job (whole nodes for one of more than a node): the load sweep's cluster."""
+    biggest = max(job.gpus for job in jobs)
+    least = biggest if biggest <= per_node else math.ceil(biggest / per_node) * per_node
+    return max(least, round(gpu_demand(jobs) / load))
+
+
+def gpu_demand(jobs: list[TraceJob]) -> float:
+    """GPUs busy on average if every job ran on arrival: the work submitted over its span."""
+    span = max(job.submit for job in jobs) - min(job.submit for job in jobs)
+    return sum(job.gpus * job.duration for job in jobs) / span if span > 0 else math.inf
 
 
 def trace_path(folder: str | Path, vc: str) -> Path:

@@ -2,6 +2,7 @@
 
     python bench/philly.py pcs PCS_CHECKOUT /tmp/philly-vcs   # or: log cluster_job_log /tmp/philly-vcs
     python bench/scheduler_philly.py /tmp/philly-vcs [--vcs 2869ce,e13805] [--out DIR] [--order las-share]
+    python bench/scheduler_philly.py /tmp/philly-vcs --sweep [--orders default] [--jobs 2] [--reuse FILE]
 
 Every VC with at least 500 jobs (`philly.MIN_JOBS`), on its cluster (`philly.cluster_nodes`:
 the fewest 8-GPU nodes that hold its largest job at an offered load of at most 0.8), under
@@ -11,6 +12,10 @@ the default LAS settings of `core.queues.LasSettings`; `--order las-share`: the 
 another order: `scheduler_philly-<order>.*`) with provenance and issue 34's targets per VC;
 a VC's table is written as soon as it is done, so a long run can be cut short and still
 leave what it has.
+
+`--sweep` (issue 51): every VC of 1,000+ jobs at offered loads 0.5-0.9, with issue 51's
+targets and the tuning/held-out split (`scheduler_philly_sweep.py`); writes
+`<out>/scheduler_philly_sweep.json` and `.md` (`--stem` names them otherwise).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ if str(ROOT) not in sys.path:
 
 from philly import cluster_nodes, load_vcs, offered_load  # noqa: E402  (bench/ is on sys.path)
 from provenance import git_commit  # noqa: E402
+from scheduler_philly_sweep import LOADS, load_reuse, points, render_sweep, run_sweep  # noqa: E402
 from trace_sim import SimConfig, replay  # noqa: E402
 
 ORDERS = ("las", "las-share")  # the orders measured against fifo and sjf-oracle (no durations)
@@ -93,30 +99,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vcs", default="", help="comma-separated VCs (default: every VC of 500+ jobs)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--order", default="las", choices=ORDERS, help="the LAS order to measure")
+    parser.add_argument("--sweep", action="store_true", help="issue 51's sweep of load (module docstring)")
+    parser.add_argument("--orders", default="default", help="--sweep: comma-separated orders to measure")
+    parser.add_argument("--loads", default=",".join(map(str, LOADS)), help="--sweep: offered loads")
+    parser.add_argument("--jobs", type=int, default=1, help="--sweep: points replayed at once")
+    parser.add_argument("--reuse", default=None, help="--sweep: an earlier sweep's JSON to take results from")
+    parser.add_argument("--stem", default="scheduler_philly_sweep", help="--sweep: the result files' name")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = _record(args, argv)
+    if args.sweep:
+        return _sweep(args, record, out)
     policies = ("fifo", "sjf-oracle", args.order)
     stem = "scheduler_philly" if args.order == "las" else f"scheduler_philly-{args.order}"
     vcs = load_vcs(args.traces)
     if args.vcs:
         vcs = {vc: vcs[vc] for vc in args.vcs.split(",")}
-    record = {
-        "what": "scheduling policies replayed on the Philly job log, per VC (issue 34)",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "command": " ".join(
-            ["python", "bench/scheduler_philly.py", *(sys.argv[1:] if argv is None else argv)]
-        ),
-        "traces": _provenance(Path(args.traces)),
-        "order": args.order,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "vcs": {},
-    }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    record |= {"what": "scheduling policies replayed on the Philly job log, per VC (issue 34)",
+               "order": args.order, "vcs": {}}  # fmt: skip
     for vc, jobs in sorted(vcs.items(), key=lambda item: len(item[1])):  # the quick ones first
         nodes = cluster_nodes(jobs)
         print(f"== VC {vc}: {len(jobs)} jobs on {nodes} nodes x 8 GPUs", flush=True)
@@ -133,6 +134,42 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
         (out / f"{stem}.md").write_text(render(record))
     print(render(record))
+    return 0
+
+
+def _record(args: argparse.Namespace, argv: list[str] | None) -> dict:
+    """What every result file says of where it came from."""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": " ".join(
+            ["python", "bench/scheduler_philly.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
+        "traces": _provenance(Path(args.traces)),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
+    }
+
+
+def _sweep(args: argparse.Namespace, record: dict, out: Path) -> int:
+    orders = tuple(args.orders.split(","))
+    loads = tuple(float(load) for load in args.loads.split(","))
+    todo = points(args.traces, args.vcs.split(",") if args.vcs else None, loads)
+    record |= {"what": "scheduling orders over a sweep of load on the Philly job log (issue 51)",
+               "orders": list(orders), "reused_from": args.reuse, "points": {}}  # fmt: skip
+
+    def save() -> None:
+        (out / f"{args.stem}.json").write_text(json.dumps(record, indent=2) + "\n")
+        (out / f"{args.stem}.md").write_text(render_sweep(record))
+
+    started = time.perf_counter()
+    run_sweep(record, args.traces, todo, orders, load_reuse(args.reuse), args.jobs, save)
+    record["wall_s"] = time.perf_counter() - started
+    save()
+    print(render_sweep(record))
     return 0
 
 

@@ -3,7 +3,7 @@
 Called by `bench/scheduler_sim.py --trace FILE.csv` (see `bench/traces.py` for the format).
 No Ray: the policies' `schedule` is called on every event (a job arriving, ending, a victim
 having stopped, or a `Decision.wake_at` time) and the decisions are applied to a simulated
-cluster of `nodes` x `gpus_per_node` GPUs.
+cluster of `nodes` x `gpus_per_node` GPUs (the last node may have fewer: `SimConfig.of_gpus`).
 
 Placement rule: one GPU per worker; a job of up to G GPUs (G per node) runs on one node (one
 gang of its GPUs), a larger one on whole nodes: ceil(GPUs / G) nodes, all G GPUs of each
@@ -24,6 +24,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from las_candidates import CANDIDATES
 from sim_stats import decision_summary, percentile
 from traces import TraceJob
 
@@ -43,6 +44,27 @@ class SimConfig:
     gpus_per_node: int
     preempt_cost_s: float = 60.0
     with_durations: bool = False
+    last_node_gpus: int | None = None  # fewer GPUs on the last node (a cluster sized in GPUs)
+
+    @classmethod
+    def of_gpus(cls, gpus: int, gpus_per_node: int, **kwargs) -> SimConfig:
+        """`gpus` GPUs as full nodes and one partial node for the rest (a load sweep sizes
+        clusters in GPUs: whole nodes are too coarse for a VC of 16 GPUs)."""
+        nodes, rest = divmod(gpus, gpus_per_node)
+        return cls(nodes + bool(rest), gpus_per_node, last_node_gpus=rest or None, **kwargs)
+
+    def node_gpus(self) -> list[int]:
+        sizes = [self.gpus_per_node] * self.nodes
+        if self.last_node_gpus is not None:
+            sizes[-1] = self.last_node_gpus
+        return sizes
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.node_gpus())
+
+    def full_nodes(self) -> int:
+        return sum(size == self.gpus_per_node for size in self.node_gpus())
 
 
 class SjfOracle:
@@ -97,6 +119,9 @@ def make_policy(name: str, nodes: list[Node], jobs: list[TraceJob], total_gpus: 
         return Policy(nodes, queues=config, las_tuning=LAS_SHARE_TUNING)
     if name == "configured":
         return Policy(nodes, queues=queues)
+    if name in CANDIDATES:  # issue 51's sweep: LAS settings and tuning tried against `default`
+        las, tuning = CANDIDATES[name]
+        return Policy(nodes, queues=queue_config(jobs, total_gpus, cohorts=False, las=las), las_tuning=tuning)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
 
 
@@ -154,7 +179,9 @@ def simulate(policy, jobs: list[TraceJob], cfg: SimConfig, oracle: bool) -> Outc
     seq = len(events)
     pending: dict[str, JobRequest] = {}
     running: dict[str, Allocation] = {}
-    used = dict.fromkeys((f"n{i:04d}" for i in range(cfg.nodes)), 0.0)
+    capacity = {f"n{i:04d}": float(size) for i, size in enumerate(cfg.node_gpus())}
+    used = dict.fromkeys(capacity, 0.0)
+    total_gpus = cfg.total_gpus
     half = cfg.preempt_cost_s / 2
     clock, busy, last_wake = events[0][0], 0.0, None
     short = False  # after the last pass: every waiting job needs more GPUs than are free in all
@@ -174,7 +201,7 @@ def simulate(policy, jobs: list[TraceJob], cfg: SimConfig, oracle: bool) -> Outc
         nonlocal busy
         for node_id, count in allocation.placement.items():
             used[node_id] += sign * allocation.per_worker["GPU"] * count
-            assert -1e-6 <= used[node_id] <= per_node + 1e-6, f"{node_id} over capacity"
+            assert -1e-6 <= used[node_id] <= capacity[node_id] + 1e-6, f"{node_id} over capacity"
         gpus = allocation.per_worker["GPU"] * allocation.workers
         busy += sign * gpus
         queue_busy[allocation.queue] += sign * gpus
@@ -194,7 +221,7 @@ def simulate(policy, jobs: list[TraceJob], cfg: SimConfig, oracle: bool) -> Outc
             out.waiting_s += span
             out.busy_waiting_gpu_s += busy * span
             if short:
-                out.idle_short_gpu_s += (cfg.nodes * per_node - busy) * span
+                out.idle_short_gpu_s += (total_gpus - busy) * span
             if len(queues) > 1 and len({pending_job.queue for pending_job in pending.values()}) == len(
                 queues
             ):
@@ -252,7 +279,7 @@ def simulate(policy, jobs: list[TraceJob], cfg: SimConfig, oracle: bool) -> Outc
             end = now + run.restart_s + run.remaining_s
             heapq.heappush(events, (end, seq, "finish", job_id, run.generation))
             seq += 1
-        free_gpus = cfg.nodes * per_node - busy
+        free_gpus = total_gpus - busy
         short = bool(pending) and min(runs[job_id].gpus for job_id in pending) > free_gpus + 1e-9
         wake = getattr(decision, "wake_at", None)
         if wake is not None and wake != last_wake:
@@ -305,10 +332,12 @@ def jain(values: list[float]) -> float:
 
 def replay(jobs: list[TraceJob], cfg: SimConfig, names, queues: QueueConfig | None = None, log=print) -> dict:
     """Every policy in `names` on the trace: policy name -> summary (with its wall time)."""
-    total_gpus = cfg.nodes * cfg.gpus_per_node
-    nodes = [Node(f"n{i:04d}", {"GPU": float(cfg.gpus_per_node)}) for i in range(cfg.nodes)]
+    total_gpus = cfg.total_gpus
+    nodes = [Node(f"n{i:04d}", {"GPU": float(size)}) for i, size in enumerate(cfg.node_gpus())]
+    biggest = max(cfg.node_gpus())
     for job in jobs:
-        if shape(job.gpus, cfg.gpus_per_node)[0] > cfg.nodes:
+        workers, per_worker = shape(job.gpus, cfg.gpus_per_node)
+        if workers > (cfg.full_nodes() if workers > 1 else 1) or per_worker["GPU"] > biggest:
             raise ValueError(f"job {job.id} needs {job.gpus} GPUs, more than the cluster's {total_gpus}")
     names_in_trace = sorted({job.queue for job in jobs})
     fair = {name: 1 / len(names_in_trace) for name in names_in_trace}

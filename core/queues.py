@@ -7,7 +7,8 @@ One YAML file (`orchestrator queues apply FILE`, or the file `orchestrator up` r
       team-a: {cohort: research, nominal: {GPU: 8}, borrowing_limit: {GPU: 8}, order: las}
       team-b: {cohort: research, nominal: {GPU: 8}, order: las}
       batch:  {nominal: {GPU: 4}, teams: [vision, nlp]}   # no cohort: a hard cap, as `up --quota`
-    las: {thresholds_gpu_s: [3600, 36000], starve_after_s: 14400, starve_factor: 4, min_run_s: 600}
+    las: {thresholds_gpu_s: [3600, 36000], starve_after_s: 14400, starve_factor: 4, min_run_s: 600,
+          preempt_after_s: 0}
 
 It is validated once, here, like a job spec (unknown keys, bad numbers and unknown cohorts
 are one 'dotted.path: reason' line each, `SpecError`), and then passed on as the typed
@@ -47,7 +48,12 @@ MAX_TEAMS = 1000  # of one queue
 DEFAULT_THRESHOLDS_GPU_S = (3600.0, 36000.0)  # 1 and 10 GPU-hours: three LAS levels
 # order `las-share`'s `las:` values where the file leaves them out (issue 34: four levels,
 # promotion at 16x the run so far; docs/scheduler.md). Its tuning is `policy.las.LAS_SHARE_TUNING`.
-LAS_SHARE_DEFAULTS = {"thresholds_gpu_s": (3600.0, 36000.0, 360000.0), "starve_factor": 16.0}
+# Issue 51: a head waits an hour before it stops anyone (the load sweep of docs/scheduler.md).
+LAS_SHARE_DEFAULTS = {
+    "thresholds_gpu_s": (3600.0, 36000.0, 360000.0),
+    "starve_factor": 16.0,
+    "preempt_after_s": 3600.0,
+}
 Order = Literal["fifo", "las", "las-share"]  # core.queue_orders.ORDERS
 
 
@@ -62,6 +68,9 @@ class LasSettings(Section):
         4.0, ge=0, description="... and at least this many times its run time so far"
     )
     min_run_s: float = Field(600.0, ge=0, description="least run time of an attempt before LAS preempts it")
+    preempt_after_s: float = Field(
+        0.0, ge=0, description="least wait of a job (since it became pending) before LAS preempts for it"
+    )
 
 
 class QueueSettings(Section):

@@ -52,9 +52,10 @@ def preempted_once_without_loss(job: dict, victim_for: str) -> dict:
 @pytest.mark.timeout(600)
 def test_las_preempts_a_long_job_for_a_short_one_and_neither_loses_a_step(service, queues):
     # a queue that names no order has the default, las-share (with no queue file too; here the
-    # file only shortens the levels): thresholds in worker-seconds, a 2-worker job passes 10
-    # after 5 s of its attempt
-    applied = queues("queues:\n  lab: {}\nlas: {thresholds_gpu_s: [10], min_run_s: 3}\n")
+    # file only shortens the levels and the waits): thresholds in worker-seconds, a 2-worker job
+    # passes 10 after 5 s of its attempt; the short job may preempt at once (las-share's head
+    # otherwise waits an hour first)
+    applied = queues("queues:\n  lab: {}\nlas: {thresholds_gpu_s: [10], min_run_s: 3, preempt_after_s: 0}\n")
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "queue lab: no quota" in show(service) and "order: las-share" in show(service)
     # neither is preemptible: a LAS order (the default one included) is the queue's consent

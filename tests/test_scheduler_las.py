@@ -211,6 +211,18 @@ def test_tuning_is_validated_and_named_settings_are_consistent():
     assert LAS_SHARE_TUNING.top_share == 0.4 and LAS_SHARE_TUNING.victims == "latest-submitted"
     assert LAS_SHARE_SETTINGS.thresholds_gpu_s == [HOUR, 10 * HOUR, 100 * HOUR]
     assert LAS_SHARE_SETTINGS.starve_factor == 16
+    assert LAS_SHARE_SETTINGS.preempt_after_s == HOUR and CONFIG.las.preempt_after_s == 0
+
+
+def test_a_las_share_head_waits_an_hour_before_it_stops_anyone():
+    """Issue 51: running jobs often make room within the hour, and each stop costs a restart."""
+    policy = Policy(nodes(1, 1.0), queues=SHARE)
+    held = [running("long", started=0.0, attained=20 * HOUR)]
+    early = policy.schedule(HOUR, [job("a", submitted=HOUR - 60)], held)
+    assert early.preempt == [] and early.wake_at == 2 * HOUR - 60  # the pass when it may
+    assert policy.schedule(2 * HOUR - 60, [job("a", submitted=HOUR - 60)], held).preempt == ["long"]
+    requeued = job("a", submitted=0.0, queued_since=HOUR - 60)  # the wait counts from the requeue
+    assert policy.schedule(HOUR, [requeued], held).preempt == []
 
 
 # -- `order: las-share` in the queue file: the same tuning and `las:` values, nothing passed in
@@ -230,8 +242,8 @@ def test_a_las_share_queue_gets_the_tuning_and_its_settings_and_las_queues_do_no
 def test_a_las_share_queue_takes_the_latest_submitted_and_keeps_the_oldest_long_job():
     policy = Policy(nodes(1, 4.0), queues=SHARE)  # top share: 1.6 of 4 GPUs, one 1-GPU job
     held = [running(f"long{i}", started=0.0, attained=200 * HOUR, submitted=float(i)) for i in range(4)]
-    assert policy.schedule(HOUR, [job("a", submitted=HOUR)], held).preempt == ["long3"]
-    whole = policy.schedule(HOUR, [job("b", gpus=4, submitted=HOUR)], held)
+    assert policy.schedule(2 * HOUR, [job("a", submitted=HOUR)], held).preempt == ["long3"]
+    whole = policy.schedule(2 * HOUR, [job("b", gpus=4, submitted=HOUR)], held)
     assert whole.preempt == [] and whole.head == "b"  # long0 holds the share
     plain = Policy(nodes(1, 4.0), queues=CONFIG).schedule(HOUR, [job("b", gpus=4, submitted=HOUR)], held)
     assert sorted(plain.preempt) == ["long0", "long1", "long2", "long3"]
