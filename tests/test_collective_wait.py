@@ -50,6 +50,7 @@ def test_the_fast_ranks_wait_is_sync_and_the_slow_ranks_compute_is_its_own():
     for p in procs:
         p.join(timeout=30)
     fast, slow = means[0], means[1]
-    assert fast["sync_s"] > 0.6 * SLOW_S, means  # waited for rank 1 at the end of its backward
-    assert fast["compute_s"] < 0.5 * SLOW_S, means
-    assert slow["compute_s"] > SLOW_S and slow["sync_s"] < 0.5 * SLOW_S, means
+    # each rank against the other in the same run, not against a figure a loaded machine misses
+    assert slow["compute_s"] >= SLOW_S, means  # its sleep: at least that long on any machine
+    assert fast["sync_s"] > slow["sync_s"], means  # rank 0 waited for rank 1, not the reverse
+    assert fast["compute_s"] < slow["compute_s"], means  # and that wait is not its compute

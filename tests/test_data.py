@@ -1,7 +1,6 @@
 """Data sources: shapes, dtypes, info, determinism, eval splits, sharding, error messages."""
 
 import gzip
-import time
 from pathlib import Path
 
 import numpy as np
@@ -124,10 +123,8 @@ def no_system_fashion(monkeypatch, tmp_path):
 
 
 @pytest.mark.skipif(not fashion_mnist.SYSTEM_DIR.is_dir(), reason="dataset-fashion-mnist not installed")
-def test_fashion_mnist_system_install_loads_fast():
-    start = time.process_time()  # CPU: whatever runs beside
+def test_fashion_mnist_system_install_loads():  # in how long: bench/cpu_bounds.py
     d = data.load(spec(source="fashion-mnist"))
-    assert time.process_time() - start < 2.0
     assert (len(d.train), len(d.eval)) == (60_000, 10_000)  # the official test split is eval
     assert d.info == data.describe(spec(source="fashion-mnist"))
     assert_image_item(d.train[0], 1, 28, 10)

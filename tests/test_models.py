@@ -1,6 +1,5 @@
 """Model zoo: exact sizes, shapes, determinism, spec checking, catalog/FLOPs, kernel routing."""
 
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -357,10 +356,8 @@ def test_build_rejects_invalid_spec():
 # --- catalog and FLOPs ------------------------------------------------------------------
 
 
-def test_catalog_covers_every_preset_with_exact_counts():
-    start = time.process_time()  # CPU: whatever runs beside
+def test_catalog_covers_every_preset_with_exact_counts():  # in how long: bench/cpu_bounds.py
     rows = models.catalog()
-    assert time.process_time() - start < 20
     assert [(r["family"], r["preset"]) for r in rows] == ALL_PRESETS
     by_name = {r["preset"]: r for r in rows}
     assert by_name["vit_b16"]["params"] == 86_567_656
