@@ -14,7 +14,9 @@ realistic 2-second reports), and measures:
     pass        one scheduling pass (`tick`), p50 and p99
     report      one driver report, p50 and p99, and reports per second
     submit      submissions per second through `submit` (store writes included), with the
-                scheduling loop running as it does in the service
+                scheduling loop running as it does in the service; and spec files sent through
+                the service's one way in (`submit_sent`: read, checked, storage probed,
+                queued) 4 at a time into one storage path, p50 and p99 (`--at-once`)
     reads       `orchestrator queue` (the command in a process of its own, over the page's HTTP API),
                 `orchestrator status ID`, GET /api/queue (the status page's first page, a search
                 for the last job queued, the CLI's list and the unpaged list), GET /metrics
@@ -24,7 +26,8 @@ realistic 2-second reports), and measures:
 
 A small baseline (10 running / 100 queued) runs first in the same process, so the ratios show
 how each figure scales. Each figure is printed against its goal: every pass and read under
-1 s, reports keeping up with one every 2 s per running job, >= 20 submissions/s, RSS < 1 GB.
+1 s, reports keeping up with one every 2 s per running job, >= 20 submissions/s, a spec file
+through the one way in under 0.5 s at p50 and 2 s at p99 with 4 at a time, RSS < 1 GB.
 """
 
 from __future__ import annotations
@@ -52,6 +55,16 @@ GB = 2**30
 HISTORY = 5000  # a job that ran for hours has logged this many records (the service kept 5,000 of them)
 WAITING = 50  # waiting jobs in a page of the queue (`orchestrator queue` shows as many)
 PAGE = 50  # jobs in a page of the status page's queue (app.js's PAGE_SIZE)
+
+
+AT_ONCE_SPEC = """
+name: at-once
+model: {{family: convnet, preset: convnet_small}}
+data: {{source: synthetic}}
+train: {{steps: 1000}}
+resources: {{num_workers: 1, gpus_per_worker: 1}}
+checkpoint: {{storage: {storage}}}
+"""
 
 
 def spec_of(workers: int, storage: str, priority: int):
@@ -208,6 +221,34 @@ class Bench:
             self.figures[name] = max(took)  # the worst of the repeats: a person waits for it
         return last
 
+    def sent_at_once(self, count: int, threads: int) -> list[dict]:
+        """`count` spec files through the service's one way in, `threads` at a time, all into
+        one storage path, as `orchestrator submit` sends them: each one's reply (or its
+        refusal, as a string)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from orchestrator.client import spec_file
+
+        spec = self.tmp / "at-once.yaml"
+        spec.write_text(AT_ONCE_SPEC.format(storage=self.tmp / "checkpoints"))
+        sent = spec_file(str(spec), [], str(self.tmp))
+        took: list[float] = []
+
+        def one(i: int) -> dict | str:
+            started = time.perf_counter()
+            try:
+                return self.service.submit_sent({**sent, "overrides": [f"name=at-once-{i}"]}, None)
+            except (ValueError, PermissionError) as err:
+                return str(err)
+            finally:
+                took.append(time.perf_counter() - started)
+
+        with ThreadPoolExecutor(threads) as pool:
+            replies = list(pool.map(one, range(count)))
+        self.figures["sent_p50_s"] = statistics.median(took)
+        self.figures["sent_p99_s"] = _quantile(took, 0.99)
+        return replies
+
     def memory(self) -> None:
         rss = psutil.Process().memory_info().rss
         self.figures["rss_gb"] = rss / GB
@@ -246,7 +287,9 @@ def _http(url: str) -> bytes:
         return reply.read()
 
 
-def measure(running: int, queued: int, history: int, keep: bool = False) -> tuple[dict, dict]:
+def measure(
+    running: int, queued: int, history: int, keep: bool = False, at_once: tuple[int, int] = (200, 4)
+) -> tuple[dict, dict]:
     """The figures of one scale, and what its reads returned (for the checks)."""
     tmp = Path(tempfile.mkdtemp(prefix="service-scale-"))
     home = os.environ.get("ORCHESTRATOR_HOME")
@@ -262,6 +305,7 @@ def measure(running: int, queued: int, history: int, keep: bool = False) -> tupl
         bench.passes()
         read = bench.reads()
         bench.memory()
+        read["sent_at_once"] = bench.sent_at_once(*at_once)  # last: the reads saw none of them
         read["bench"] = bench
         return bench.figures, read
     finally:
@@ -283,6 +327,8 @@ GOALS = {
     "reports_per_s": ("reports handled per s", "running/2", True),
     "submit_per_s": ("submissions per s", 20.0, True),
     "submit_p99_s": ("submission p99 (s)", None, False),
+    "sent_p50_s": ("a spec file through the one way in, 4 at a time, p50 (s)", 0.5, False),
+    "sent_p99_s": ("a spec file through the one way in, 4 at a time, p99 (s)", 2.0, False),
     "cli_queue_s": ("`orchestrator queue` (s)", 1.0, False),
     "cli_status_s": ("`orchestrator status ID` (s)", 1.0, False),
     "api_queue_first_page_s": (f"GET /api/queue?limit={PAGE}, the page's first page (s)", 1.0, False),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import secrets
 import subprocess
 import zipfile
 from pathlib import Path
@@ -89,7 +90,7 @@ def cached_project_zip(root: str | Path, cache: Path) -> bytes:
     zipped = _zip(root, files)
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        partial = kept.with_suffix(f".{os.getpid()}.partial")
+        partial = kept.with_suffix(f".{os.getpid()}-{secrets.token_hex(4)}.partial")
         partial.write_bytes(zipped)
         partial.replace(kept)  # whole or absent, for a submission running beside this one
         _prune(cache)

@@ -1,6 +1,9 @@
 """What the kernel says of a process's threads (/proc/PID/task/*/stat): the ground truth for
 which of them did the work and under which scheduling class."""
 
+import contextlib
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,3 +30,16 @@ def busy_thread_policies(pid: int, seconds: float = 2.0) -> tuple[set[int], dict
     used = {tid: ticks - first.get(tid, (0, 0))[0] for tid, (ticks, _) in now.items()}
     top = max(used.values())
     return {now[tid][1] for tid, ticks in used.items() if ticks >= 0.2 * top and top > 0}, used
+
+
+@contextlib.contextmanager
+def someone_else_busy(seconds: float = 3.0):
+    """A process outside the job burning a core (a person's command at the shell), and time
+    for the ranks on this machine to see it (workers/cpu_priority.py looks every second)."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(seconds)
+        yield burner.pid
+    finally:
+        burner.kill()
+        burner.wait()

@@ -39,8 +39,9 @@ ENTRY_POINTS = {
     "orchestrator/commands/models.py": {"workers"},  # the model registry it lists
     # a checkpoint's model state; the model rebuilt for ONNX
     "orchestrator/commands/export.py": {"workers.checkpoint", "workers.onnx_export"},
-    # the Ray Train function and set-up; preflight: the data is there
-    "orchestrator/ray/launcher.py": {"workers.ray_backend", "workers.checks"},
+    # the Ray Train function and set-up
+    "orchestrator/ray/train_run.py": {"workers.ray_backend"},
+    "orchestrator/ray/launcher.py": {"workers.checks"},  # preflight: the data is there
     "orchestrator/attempt/listeners.py": {"workers.run_log"},  # the run's metrics log in storage
     "orchestrator/service/sent_spec.py": {"workers.checks"},  # a spec sent over HTTP: its model and data
 }

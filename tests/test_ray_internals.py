@@ -109,3 +109,35 @@ def test_the_walk_sees_private_imports_and_attributes(tmp_path):
     )
     uses = sorted(line.split(" ", 1)[1] for line in private_uses(sample, tmp_path))
     assert uses == ["ray._private", "ray._private", "ray.train._internal.utils", "torch._dynamo"]
+
+
+def ray_train_barriers(path: Path, root: Path = ROOT) -> list[str]:
+    """Where the source reaches `ray.train.report` or Ray Train's collectives (code, not text)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in ("report", "collective"):
+            if ast.unparse(node.value) in ("ray.train", "train"):
+                found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ray.train"):
+            names = {alias.name for alias in node.names}
+            if names & {"report", "collective"} or node.module.startswith("ray.train.collective"):
+                found.append(f"{path.relative_to(root)}:{node.lineno} from {node.module} import ...")
+    return found
+
+
+def test_no_worker_calls_a_ray_train_barrier_so_a_run_needs_no_synchronization_actor(tmp_path):
+    """`internals.without_synchronization_actor` stands the attempt's controller in for Ray
+    Train's SynchronizationActor: it holds only while nothing calls the barriers it serves."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("import ray\nfrom ray.train import report\nray.train.report({})\n")
+    assert [use.split(" ")[0] for use in ray_train_barriers(sample, tmp_path)] == [
+        "sample.py:2",
+        "sample.py:3",
+    ]
+    found = [
+        use
+        for package in ("workers", "orchestrator", "kernels", "core")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for use in ray_train_barriers(path)
+    ]
+    assert found == [], "a Ray Train barrier is called: restore its SynchronizationActor\n" + "\n".join(found)

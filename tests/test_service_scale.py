@@ -161,3 +161,24 @@ def test_a_page_polling_a_job_with_nothing_new_reads_no_metrics_log(tmp_path, mo
         assert newer and all(r["step"] > newest for r in newer) and reads == []
     finally:
         bench.close()
+
+
+def test_fifty_spec_files_sent_at_once_into_one_storage_path_are_all_queued_and_leave_nothing(tmp_path):
+    """The service's one way in, 50 threads at once, one storage path: every submission is
+    read, checked, its storage probed and queued (a probe named per process once refused a
+    valid job: one submission deleted another's probe), and no probe is left behind."""
+    bench = service_scale.Bench(2, 0, history=1, tmp=tmp_path)
+    try:
+        bench.fill()
+        replies = bench.sent_at_once(50, threads=50)
+        refused = [reply for reply in replies if isinstance(reply, str)]
+        assert refused == []
+        ids = [view["id"] for reply in replies for view in reply["jobs"]]
+        assert len(ids) == len(set(ids)) == 50
+        queued = [job for job in bench.service.jobs.values() if job.spec.name.startswith("at-once-")]
+        assert len(queued) == 50
+        assert {job.spec.checkpoint.storage for job in queued} == {str(tmp_path / "checkpoints")}
+    finally:
+        bench.close()
+    left = sorted(p.name for p in tmp_path.rglob("*") if ".write-probe" in p.name or ".tmp-" in p.name)
+    assert left == []

@@ -2,8 +2,8 @@
 is there.
 
 Each rank writes its part to local disk first (the only part training waits for), then
-uploads it: on Ray from Ray Train's upload thread (`ray.train.report(checkpoint_upload_mode=
-ASYNC)`), off the training path. `upload` sends several files at once, and pyarrow writes
+uploads it: on Ray from the rank's upload thread (`workers/ray_context.py`), off the
+training path. `upload` sends several files at once, and pyarrow writes
 each file's parts in the background (S3 multipart uploads), so one large shard does not hold
 up the rest. Ray's own uploader sends one file at a time to S3 (`use_threads=False`, for an
 old pyarrow deadlock); bench/checkpoint_storage.py measures the difference.

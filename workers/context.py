@@ -38,6 +38,9 @@ class RunContext:
     device: torch.device = torch.device("cpu")
     restarts: int = 0
     shows_progress: bool = True  # False where someone else prints it (the Ray driver)
+    # stages of this process's start the launcher saw before the loop did (wall clock): the
+    # summary's `startup` begins with them
+    started: dict[str, float] = {}
     # how often a rank other than 0 hands `log_rank_metrics` a record; None: nobody reads them
     rank_metrics_every_s: float | None = None
 
@@ -177,15 +180,17 @@ class LocalContext(RunContext):
         self.run_uri = storage.join(spec.checkpoint.storage, self.name)
         self._tmp = Path(tempfile.mkdtemp(prefix="orchestrator-"))
         self._log: RunLog | None = None  # rank 0's metrics log
+        self._priority: cpu_priority.Governor | None = None
 
     def setup(self) -> None:
         # torchrun on a GPU machine trains on GPUs; gpus_per_worker only sizes Ray reservations
         self.device = pick_device(torch.cuda.is_available(), self.local_rank)
-        if self.background_cpu:  # first, so that gloo's threads are background work too
-            cpu_priority.train_in_background(self.device.type, shared_machine=True)
         if self.world_size > 1 and not dist.is_initialized():
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             dist.init_process_group(backend, device_id=self.device if backend == "nccl" else None)
+        if self.background_cpu:  # this process only trains: every thread of it is training's
+            peers = cpu_priority.local_peer_pids() if self.device.type == "cpu" else ()
+            self._priority = cpu_priority.start(self.device.type, True, peers, protected=set())
         if self.is_main:
             storage.check_writable(self.run_uri)
             self._log = RunLog(self.run_uri, tensorboard=self.spec.metrics.tensorboard)
@@ -242,6 +247,8 @@ class LocalContext(RunContext):
             self._log.flush()
 
     def teardown(self) -> None:
+        if self._priority is not None:
+            self._priority.stop()
         if self._log is not None:
             self._log.close()
         shutil.rmtree(self._tmp, ignore_errors=True)

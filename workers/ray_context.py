@@ -2,30 +2,31 @@
 
 The loop (`workers.trainer.train`) is the same as under torchrun; `RayContext` only changes
 how a worker learns its rank (Ray Train's context), how checkpoints are saved (each rank
-writes its part to a local directory, the only part training waits for, and Ray Train's
-upload thread sends it to `<storage>/<run>/checkpoint_<step>`: `checkpoint_upload.py`),
-where metrics go (the attempt's controller, `orchestrator/attempt/controller.py`, never
-`ray.train.report`), and how a stop request reaches the loop (rank 0 polls the controller from
-a background thread; the loop reads a flag).
+writes its part to a local directory, the only part training waits for, and its upload
+thread sends it to `<storage>/<run>/checkpoint_<step>`: `checkpoint_upload.py`; rank 0
+announces it once every rank's part is there), where metrics go (the attempt's controller,
+`orchestrator/attempt/controller.py`), and how a stop request reaches the loop (rank 0 polls
+the controller from a background thread; the loop reads a flag). No worker calls
+`ray.train.report` or Ray Train's collectives: the workers need none of Ray Train's barriers,
+so a run has no synchronization actor (`orchestrator/ray/internals.py`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import posixpath
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow.fs as pafs
 import ray
 import ray.train
 import torch
-from ray.train import CheckpointUploadMode
 
 from core import storage
 from core.run_folder import checkpoint_name
@@ -64,9 +65,12 @@ class RayContext(RunContext):
         self._pending: list[dict] = []  # metrics records not yet sent
         self._sent_at = time.monotonic()
         self._stop: str | None = None
+        self._priority: cpu_priority.Governor | None = None  # a CPU rank's, on the head
         self._polling = threading.Event()
         self._uploads: list[threading.Event] = []  # each checkpoint's part of this rank: sent yet?
         self._settled: list[threading.Event] = []  # ... and, on rank 0, announced and pruned?
+        # one upload at a time, in the order of the saves (each sends its files several at once)
+        self._uploader = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-upload")
 
     def setup(self) -> None:
         # Ray Train has already joined the process group (gloo on CPU, NCCL on GPU)
@@ -78,7 +82,8 @@ class RayContext(RunContext):
             self.device = torch.device("cpu")
         # this is Ray Train's training thread; the head is where people and the control plane are
         on_head = ray.get_runtime_context().get_node_id() == self.head_node
-        cpu_priority.train_in_background(self.device.type, shared_machine=on_head)
+        peers = cpu_priority.local_peer_pids() if self.device.type == "cpu" else ()
+        self._priority = cpu_priority.start(self.device.type, shared_machine=on_head, peers=peers)
         runtime = ray.get_runtime_context()
         group = runtime.get_placement_group_id() or "no-placement-group"
         self.group = ray.get(
@@ -139,32 +144,26 @@ class RayContext(RunContext):
         self._uploads.append(uploaded)
         self._settled.append(settled)
 
-        def upload(checkpoint: ray.train.Checkpoint, dir_name: str) -> ray.train.Checkpoint:
-            # on Ray Train's upload thread, while training goes on
-            fs, run_path = storage.resolve(self.run_uri)
-            path = posixpath.join(run_path, dir_name)
+        def upload() -> None:
+            # on this rank's upload thread, while training goes on; every rank sends its own
+            # files, and rank 0 announces the checkpoint once all the ranks' parts are there
+            fs, path = storage.resolve(uri)
+            sent = False
             try:
-                checkpoint_upload.upload(checkpoint.path, fs, path)
+                checkpoint_upload.upload(local, fs, path)
+                sent = True
+            except Exception as err:  # the checkpoint stays incomplete: never announced nor resumed
+                log.warning("%s: this rank's part was not uploaded: %s", uri, err)
             finally:
+                shutil.rmtree(local, ignore_errors=True)
                 uploaded.set()
             try:
-                if self.is_main:
+                if sent and self.is_main:
                     self._announce(step, uri, on_durable)
             finally:
                 settled.set()
-            return ray.train.Checkpoint(path=path, filesystem=fs)
 
-        # every rank reports its own files; Ray registers the checkpoint once all ranks have
-        # uploaded, and uploads what a run saved before its worker exits. Ray deletes none
-        # (CheckpointConfig(num_to_keep=None)): the checkpointer prunes, as in every launcher
-        ray.train.report(
-            {"step": step, **_plain(metrics)},
-            checkpoint=ray.train.Checkpoint.from_directory(str(local)),
-            checkpoint_dir_name=name,
-            checkpoint_upload_mode=CheckpointUploadMode.ASYNC,
-            checkpoint_upload_fn=upload,
-            delete_local_checkpoint_after_upload=True,
-        )
+        self._uploader.submit(upload)
         if self.is_main:
             self._send()
         return uri
@@ -216,18 +215,16 @@ class RayContext(RunContext):
 
     def teardown(self) -> None:
         self._polling.set()
+        if self._priority is not None:
+            self._priority.stop()
         if self.is_main:
             self._send()  # a failed run's records up to the failure
-        # the local copies go once they are in storage (Ray's upload thread may still be at it;
-        # a report Ray skipped, its barrier reset by a failed rank, never uploads: bounded)
+        # the local copies go once they are in storage (the upload thread may still be at it)
         deadline = time.monotonic() + TEARDOWN_UPLOAD_WAIT_S
         for uploaded in self._uploads:
             uploaded.wait(max(deadline - time.monotonic(), 0.0))
+        self._uploader.shutdown(wait=False)
         shutil.rmtree(self._tmp, ignore_errors=True)
-
-
-def _plain(record: dict) -> dict:
-    return {k: v for k, v in record.items() if isinstance(v, (int, float, str, bool))}
 
 
 def worth_retrying(err: BaseException) -> bool:
@@ -242,13 +239,16 @@ def worth_retrying(err: BaseException) -> bool:
 
 def train_worker(config: dict) -> None:
     """What each Ray Train worker runs."""
+    entered = time.time()
     from workers.run import train
 
+    imported = time.time()
     spec, controller = config["spec"], config["controller"]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if ray.get(controller.fatal.remote()) is not None:
         return  # an earlier worker group failed in a way a restart cannot fix: do not train again
     ctx = RayContext(spec, config["run"], controller, config.get("head_node"))
+    ctx.started = {"training_function": entered, "loop_imported": imported}
     try:
         summary = train(spec, ctx)
     except Exception as err:

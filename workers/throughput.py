@@ -98,6 +98,13 @@ def train_flops_per_sample(model_spec: Any, data_info: Any) -> int:
 # --- the meter ------------------------------------------------------------------------
 
 
+def process_started() -> float:
+    """When this process started (wall clock), from the kernel's own record of it."""
+    import psutil
+
+    return psutil.Process().create_time()
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -39,16 +39,22 @@ class Trainer:
 
     def __init__(self, spec: JobSpec, ctx: RunContext):
         self.spec, self.ctx = spec, ctx
+        # when this process reached each stage of its start (wall clock): the summary's
+        # `startup`, which bench/first_step.py reads to say where a start goes
+        self.startup = {"process": throughput.process_started(), **ctx.started}
         ctx.setup()
+        self.startup["process_group"] = time.time()
         self.device = ctx.device
         seed = spec.train.seed
         self.datasets = data.load(spec.data, seed=seed, rank=ctx.rank, world_size=ctx.world_size)
+        self.startup["data"] = time.time()
         self.info = self.datasets.info
         self.is_lm = self.info.kind == "tokens"
 
         torch.manual_seed(seed)  # identical initial weights on every rank
         model = models.build(spec.model, self.info, kernels=spec.kernels.as_dict()).to(self.device)
         self.model = parallelize(model, spec, mesh=None)
+        self.startup["model"] = time.time()
         torch.manual_seed(seed + 1 + ctx.rank)  # independent dropout streams per rank
 
         self.layout = Layout(
@@ -163,6 +169,7 @@ class Trainer:
                 loss = self.step(micro_batches)
                 self.state.step += 1
                 step = self.state.step
+                self.startup.setdefault("first_step", time.time())
                 for hook in self.step_hooks:  # e.g. bench/metrics_overhead.py's step timing
                     hook(step)
                 save_now, eval_now = self.checkpointer.should_save(step), self.evaluator.should_evaluate(step)
@@ -229,6 +236,7 @@ class Trainer:
             "checkpoint_blocked_s": checkpointer.blocked_s,
             "checkpoint_saves": checkpointer.saves,
             "checkpoints_left": checkpointer.left_in_place(),
+            "startup": self.startup,
         }
         summary.update({key: extra() for key, extra in self.summary_extras.items()})
         return summary

@@ -9,7 +9,7 @@ which shows its feed). The process holds the whole attempt:
                     listeners (the service's record, the metrics log, MLflow, the terminal)
     its loop        `run`: `_step` until Ended, each step dispatching on the state
     the run         Ray Train's `fit()` on a thread of this process, with Ray Train's controller
-                    loop in it (`launcher.trainer`): the workers and their placement group
+                    loop in it (`train_run.trainer`): the workers and their placement group
                     belong to this process, so its end ends the run
     the workers     their calls (join, log, checkpoint, fail, finish, the stop flag), on the
                     actor's default thread, queued for the loop as events
@@ -63,6 +63,8 @@ KILL_WAIT_S = 30.0  # ray.kill of this process takes milliseconds
 class AttemptController:
     def __init__(self):
         yield_to_training()  # the workers' calls run on this thread; the job's ranks come first
+        # Ray Train (~1 s of CPU to import) loads while the attempt checks in with the service
+        threading.Thread(target=import_train_run, name="import-ray-train", daemon=True).start()
         self.state: State = Starting()
         self.path: list[tuple[str, float]] = [(name(self.state), time.time())]
         self.listeners: list[Listener] = []
@@ -229,7 +231,7 @@ class AttemptController:
 
         def fit() -> None:
             try:
-                launcher.trainer(spec, run, me, placement).fit()
+                import_train_run().trainer(spec, run, me, placement).fit()
             except BaseException as err:  # reported in the summary, with the workers' own reason
                 self.fit_failure = launcher.describe_failure(err)
 
@@ -320,6 +322,14 @@ class AttemptController:
 
     def _current(self, group: int) -> bool:
         return group == len(self.groups) - 1
+
+
+def import_train_run():
+    """Ray Train's side of a run (`orchestrator/ray/train_run.py`), imported once."""
+    from orchestrator.ray import internals, train_run
+
+    internals.lean_trainer()
+    return train_run
 
 
 def print_report(summary: dict) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import tempfile
@@ -297,7 +298,7 @@ def read_state() -> dict | None:
 
 def write_state(state: dict) -> None:
     home().mkdir(parents=True, exist_ok=True)
-    tmp = state_file().with_suffix(".tmp")
+    tmp = state_file().with_suffix(f".{secrets.token_hex(4)}.tmp")  # whole or absent, per call
     tmp.write_text(json.dumps(state, indent=1))
     tmp.replace(state_file())
 

@@ -14,6 +14,7 @@ module without loading Ray Train.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from core import private_api
@@ -145,6 +146,18 @@ USES: tuple[Private, ...] = (
         "run in this process (`run_controller_here`)",
     ),
     Private(f"{TRAIN}.execution.controller:TrainController.run", "coroutine", ("self",), "(as above)"),
+    Private(
+        f"{TRAIN}.execution.worker_group.worker_group:SynchronizationActor",
+        "attribute",  # an actor class: `.options(...).remote(...)` is what the module calls
+        None,
+        "no switch starts a worker group without it (`without_synchronization_actor`)",
+    ),
+    Private(
+        f"{TRAIN}.execution.worker_group.state:_shutdown_sync_actor",
+        "function",
+        ("sync_actor",),
+        "(as above): the stand-in outlives the worker group",
+    ),
     Private(f"{TRAIN}.execution.controller:TrainController.get_result", "method", ("self",), "(as above)"),
     Private(
         f"{TRAIN}.util:TrainingFramework.TORCH",
@@ -250,8 +263,9 @@ def torch_framework():
     return TrainingFramework.TORCH
 
 
+@functools.cache
 def lean_trainer() -> type:
-    """Ray Train's `DataParallelTrainer` less four things it starts for every run that the
+    """Ray Train's `DataParallelTrainer` less five things it starts for every run that the
     product does without (docs/ray.md, Start-up; tests/test_service.py checks none runs):
 
     - the PlacementGroupCleaner, a detached actor pinned to the head (100-300 MiB there per
@@ -262,7 +276,9 @@ def lean_trainer() -> type:
     - the DatasetManager, an actor per run (~200 MiB) for Ray Data datasets, which no run
       passes: the workers read their data themselves;
     - the TrainController actor (~250 MiB, ~1 s of the start): its loop runs in the process
-      that calls `fit()` instead (`run_controller_here`).
+      that calls `fit()` instead (`run_controller_here`);
+    - the SynchronizationActor of each worker group (~110 MiB): the workers call none of the
+      barriers it serves (`without_synchronization_actor`).
     """
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
@@ -299,6 +315,32 @@ def run_controller_here(controller_init_kwargs: dict):
 
     from ray.train.v2._internal.execution.controller import TrainController
 
+    without_synchronization_actor()
     controller = TrainController(**controller_init_kwargs)
     asyncio.run(controller.run())
     return controller.get_result()
+
+
+def without_synchronization_actor() -> None:
+    """Ray Train starts a SynchronizationActor with each worker group (a process, ~110 MiB on
+    the job's node) for the barriers of `ray.train.report` and its collectives, which the
+    product's workers never call (they upload their checkpoints themselves and talk to the
+    attempt's controller: `workers/ray_context.py`). In this process, which runs one run, the
+    worker groups get the calling actor's handle in its place (a stray barrier call fails
+    loudly there: it has no such method), and a worker group's end leaves that actor be."""
+    import ray
+    from ray.train.v2._internal.execution.worker_group import state, worker_group
+
+    me = ray.get_runtime_context().current_actor
+
+    class StandIn:
+        @staticmethod
+        def options(**_options):
+            return StandIn
+
+        @staticmethod
+        def remote(**_arguments):
+            return me
+
+    worker_group.SynchronizationActor = StandIn
+    state._shutdown_sync_actor = lambda sync_actor: None
