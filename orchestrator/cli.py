@@ -26,7 +26,7 @@ __all__ = ["UsageError", "add_spec_arguments", "build_parser", "main"]
 
 COMMANDS = [  # the modules, in the order `--help` lists their subcommands
     *("validate", "run", "models", "submit", "jobs", "queue", "queues"),
-    *("goodput", "service", "metrics", "export"),
+    *("goodput", "service", "metrics", "tracking", "export"),
     *("users", "login", "audit"),
 ]
 # subcommand -> the module that registers it (tests/test_cli.py checks it against the modules)

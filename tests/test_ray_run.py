@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from core.metrics_log import read_metrics
@@ -35,6 +36,36 @@ def run(head, storage, *overrides, summary=None, env=None, address=True, timeout
 
 def train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_metrics(str(run_dir)) if "loss" in r]
+
+
+def wait_for_no_training_worker(head, timeout: float = 120) -> None:
+    """Until no Ray Train worker process is left on the cluster of `head` (the `ray start` of
+    this machine's one-node test cluster, whose raylet starts every worker process)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        descendants = psutil.Process(head.process.pid).children(recursive=True)
+        workers = [p for p in descendants if "ray::RayTrainWorker" in " ".join(_cmdline(p))]
+        if not workers:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"a training worker outlived its run by {timeout:.0f} s")
+
+
+def gives_way(pid: int, within: float = 15.0) -> tuple[set[int], dict[int, int]]:
+    """The policies of the busy threads of a rank that should be giving way, once they are
+    SCHED_IDLE or after `within` seconds (it looks at the others every second)."""
+    deadline = time.time() + within
+    while True:
+        policies, used = busy_thread_policies(pid, seconds=1.0)
+        if policies == {os.SCHED_IDLE} or time.time() > deadline:
+            return policies, used
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # it ended meanwhile
+        return []
 
 
 def checkpoints(run_dir: Path) -> list[str]:
@@ -106,7 +137,7 @@ def _read_until(process, pattern: str, lines: list, deadline: float) -> str:
 
 @pytest.mark.timeout(420)
 def test_killed_worker_restarts_from_last_checkpoint(ray_head, tmp_path):
-    steps = 300  # long enough to still be training after the kill, even on a fast machine
+    steps = 600  # long enough to still be training after the kill, even on a fast machine
     args = [
         sys.executable,
         "-m",
@@ -142,7 +173,7 @@ def test_killed_worker_restarts_from_last_checkpoint(ray_head, tmp_path):
             _read_until(process, "checkpoint at step 40", lines, deadline)
             cmdline = Path(f"/proc/{victim}/cmdline").read_bytes()
             assert b"ray::" in cmdline, cmdline  # a Ray worker process, not something else
-            policies, used = busy_thread_policies(victim, seconds=1.0)
+            policies, used = gives_way(victim)
             assert policies == {os.SCHED_IDLE}, used
         os.kill(victim, signal.SIGKILL)
         rest, _ = process.communicate(timeout=300)
@@ -309,7 +340,9 @@ def test_resume_takes_the_newest_complete_checkpoint_in_storage(ray_head, tmp_pa
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    # Ray ends the run's workers once their owner is gone; until then they train and save on
     run_dir = tmp_path / "convnet-digits"
+    wait_for_no_training_worker(ray_head)
     newest = max(
         int(name.split("_")[1])
         for name in checkpoints(run_dir)

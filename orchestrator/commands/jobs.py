@@ -116,6 +116,8 @@ def print_queued_job(job: dict) -> None:
         print(f"  time:       {bar}\n              {spent}")
     if job.get("note") or job.get("reason"):
         print(f"  note:       {job.get('note') or job.get('reason')}")
+    if job.get("mlflow"):  # its MLflow run lacks records while the server does not answer
+        print(f"  tracking:   {job['mlflow']}")
     if job.get("avoid_nodes"):  # stragglers' nodes it was restarted away from
         print(f"  avoiding:   node(s) {', '.join(job['avoid_nodes'])} (stragglers ran there)")
     for s in job.get("stragglers") or []:

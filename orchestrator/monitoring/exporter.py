@@ -73,7 +73,8 @@ class Snapshot(Protocol):
         "ranks": [newest record of each rank but 0], "checkpoint_saves": [seconds, ...],
         "checkpoint_bytes": int | None, "restarts": int],
         "waiting": [{"queue", "priority", "state", "jobs", "oldest_wait_s", "demand": {...}}],
-        "nodes": [{"id", "capacity": {...}}], "busy": {resource: amount}}"""
+        "nodes": [{"id", "capacity": {...}}], "busy": {resource: amount},
+        "mlflow_waiting": {job id: records its MLflow run lacks}}"""
         ...
 
 
@@ -97,6 +98,18 @@ class ServiceCollector(Collector):
         yield from self._jobs(jobs, now)
         yield from self._waiting(snapshot.get("waiting") or [])
         yield from self._cluster(snapshot)
+        yield self._mlflow_waiting(snapshot.get("mlflow_waiting") or {})
+
+    def _mlflow_waiting(self, waiting: dict[str, int]) -> GaugeMetricFamily:
+        """Ended jobs whose MLflow run lacks records while the tracking server does not answer."""
+        family = GaugeMetricFamily(
+            "orchestrator_job_mlflow_records_waiting",
+            "Records of the job's metrics log its MLflow run lacks while the server does not answer",
+            labels=["job"],
+        )
+        for job_id, count in sorted(waiting.items()):
+            family.add_metric([job_id], float(count))
+        return family
 
     def _training(self, jobs: list[dict]) -> Iterable:
         gauges = {
@@ -365,6 +378,7 @@ EXPORTED = sorted(
         "orchestrator_job_time_seconds_total",
         "orchestrator_job_goodput_ratio",
         "orchestrator_job_hung",
+        "orchestrator_job_mlflow_records_waiting",
         "orchestrator_queue_length",
         "orchestrator_queue_pending_jobs",
         "orchestrator_queue_oldest_wait_seconds",

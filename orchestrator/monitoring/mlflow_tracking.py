@@ -17,8 +17,9 @@ training step's path, and never able to slow or fail training.
 - **A server that is down or slow**: records wait in memory (the newest MAX_WAITING) and a
   thread of their own retries with a growing pause; one line when sending starts failing and
   one when it works again. After an attempt has been reported (its resources handed back),
-  the driver waits at most CLOSE_WAIT_S for them; what is still unsent then is in the metrics
-  log, and the job's next attempt, if any, sends it.
+  the driver waits at most CLOSE_WAIT_S for them, then stops sending: what is still unsent is
+  in the metrics log, and the job's next attempt, the service (`service/mlflow_catchup.py`)
+  or `orchestrator tracking sync` sends it (`mlflow_sync.py`), each step once.
 """
 
 from __future__ import annotations
@@ -49,12 +50,17 @@ def for_attempt(spec, run_uri: str, run_name: str, job: dict, say) -> MlflowTrac
     of it (the service's view: id, attempt, queue, user, team, sweep; empty without a service)."""
     if spec.tracking.mlflow is None:
         return None
+    tags = job_tags(run_uri, job)
+    params = flat_params(spec.model_dump(mode="json", by_alias=True))
+    return MlflowTracker(spec.tracking.mlflow, run_uri, run_name, tags, params, say, sweep=job.get("sweep"))
+
+
+def job_tags(run_uri: str, job: dict) -> dict[str, str]:
     tags = {"orchestrator.run_uri": run_uri, "orchestrator.attempt": str(job.get("attempt", 1))}
     for field in ("id", "queue", "user", "team", "sweep"):
         if job.get(field):
             tags[f"orchestrator.{'job_id' if field == 'id' else field}"] = str(job[field])
-    params = flat_params(spec.model_dump(mode="json", by_alias=True))
-    return MlflowTracker(spec.tracking.mlflow, run_uri, run_name, tags, params, say, sweep=job.get("sweep"))
+    return tags
 
 
 def flat_params(spec_json: dict, prefix: str = "") -> dict[str, str]:
@@ -106,6 +112,7 @@ class MlflowTracker:
         self._lock, self._wake = threading.Lock(), threading.Event()
         self._end: dict | None = None  # {"status", "summary"} once the attempt ended
         self._done = threading.Event()
+        self._handed_over = threading.Event()  # gave up at the end: the metrics log's readers send the rest
         self.run_id: str | None = None
         self._marks: dict[str, int] = {}
         self._failing = False
@@ -141,9 +148,22 @@ class MlflowTracker:
             left = len(self._waiting)
         self.say(
             f"MLflow: {self.settings.uri} did not take the run's last {left} record(s) in "
-            f"{timeout:.0f} s; they are in the metrics log and its next attempt sends them"
+            f"{timeout:.0f} s; they are in the metrics log and are sent from there once the "
+            "server answers (by the job's next attempt, the service, or `orchestrator tracking sync`)"
         )
+        self._note_sent()
+        self._handed_over.set()  # no second sender beside the service's catch-up or a sync
+        self._wake.set()
         return False
+
+    def _note_sent(self) -> None:
+        """What the server has, in the run folder: how many records wait, while it does not answer."""
+        try:
+            known = read_run_file(self.run_uri)
+            if known:
+                _write_run_file(self.run_uri, {**known, "sent": dict(self._marks)})
+        except OSError:
+            pass  # a count shown, not a record kept: the run's own marks decide what is sent
 
     def close(self, summary: dict, timeout: float = CLOSE_WAIT_S) -> bool:
         self.end(summary)
@@ -156,9 +176,11 @@ class MlflowTracker:
 
         client = MlflowClient(tracking_uri=self.settings.uri)
         pause = 0
-        while not self._done.is_set():
+        while not (self._done.is_set() or self._handed_over.is_set()):
             self._wake.wait(PAUSES_S[min(pause, len(PAUSES_S) - 1)] if pause else None)
             self._wake.clear()
+            if self._handed_over.is_set():
+                break
             try:
                 if self.run_id is None:
                     self._open(client)
@@ -177,24 +199,11 @@ class MlflowTracker:
                     self.say(f"MLflow: cannot send to {where} ({first}); records wait and are retried")
 
     def _open(self, client) -> None:
-        """The job's run: the one its run folder names, else a new one (and the run folder names it)."""
-        known = _read_run_file(self.run_uri)
-        if known:
-            run = client.get_run(known["run_id"])
-            self.run_id = run.info.run_id
-            self._marks = {
-                kind: int(run.data.tags[tag]) for kind, tag in MARKS.items() if tag in run.data.tags
-            }
+        run = open_run(client, self.settings, self.run_uri, self.run_name, self._params, self.sweep)
+        self.run_id = run.info.run_id
+        self._marks = {kind: int(run.data.tags[tag]) for kind, tag in MARKS.items() if tag in run.data.tags}
+        if run.info.status != "RUNNING":
             client.update_run(self.run_id, status="RUNNING")
-        else:
-            experiment = _experiment_id(client, self.settings.experiment)
-            tags = {"mlflow.runName": self.run_name}
-            if self.sweep:
-                tags.update({"mlflow.parentRunId": _sweep_parent(client, experiment, self.sweep)})
-            run = client.create_run(experiment, run_name=self.run_name, tags=tags)
-            self.run_id = run.info.run_id
-            _write_run_file(self.run_uri, {"run_id": self.run_id, "uri": self.settings.uri})
-            _log_params(client, self.run_id, self._params)
 
     def _send(self, client) -> bool:
         """One call's worth of waiting records and tags; True while more wait. At the end (none
@@ -232,6 +241,21 @@ class MlflowTracker:
         return bool(batch)
 
 
+def open_run(client, settings, run_uri: str, run_name: str, params: dict[str, str], sweep: str | None):
+    """The job's run: the one its run folder names, else a new one (and the run folder names it)."""
+    known = read_run_file(run_uri)
+    if known:
+        return client.get_run(known["run_id"])
+    experiment = _experiment_id(client, settings.experiment)
+    tags = {"mlflow.runName": run_name}
+    if sweep:
+        tags.update({"mlflow.parentRunId": _sweep_parent(client, experiment, sweep)})
+    run = client.create_run(experiment, run_name=run_name, tags=tags)
+    _write_run_file(run_uri, {"run_id": run.info.run_id, "uri": settings.uri})
+    _log_params(client, run.info.run_id, params)
+    return run
+
+
 def _experiment_id(client, name: str) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
@@ -266,7 +290,7 @@ def _log_params(client, run_id: str, params: dict[str, str]) -> None:
         client.log_batch(run_id, params=items[start : start + 100])
 
 
-def _read_run_file(run_uri: str) -> dict | None:
+def read_run_file(run_uri: str) -> dict | None:
     path = storage.join(run_uri, RUN_FILE)
     if not storage.exists(path):
         return None

@@ -10,6 +10,7 @@
                                                                     |  progress.py (drivers' reports)
                                                                     |  Health (health.py: hangs, stragglers)
                                                                     |  Views (views.py: what is shown)
+                                                                    |  MlflowCatchUp (ended jobs' MLflow runs)
 
 This file is the service's surface: the calls the CLI and the drivers make, each under one
 lock (the reads are in `read_calls.py`, the queue configuration in `queue_calls.py`, the calls
@@ -47,6 +48,7 @@ from orchestrator.service.cycle import SchedulingCycle, request
 from orchestrator.service.health import Health, Watchdog
 from orchestrator.service.lifecycle import Lifecycle
 from orchestrator.service.live import LiveMetrics
+from orchestrator.service.mlflow_catchup import MlflowCatchUp
 from orchestrator.service.progress import RECORD, STEP, fold
 from orchestrator.service.queue_calls import QueueCalls
 from orchestrator.service.read_calls import ReadCalls
@@ -128,6 +130,7 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
         self.watchdog = Watchdog()  # hangs and stragglers of the running jobs (memory only)
         self._closing = threading.Event()
         self._wake = threading.Event()  # a submission schedules at once, not at the next tick
+        self.mlflow = MlflowCatchUp(self.jobs, self.lock, self._closing)  # ended jobs' MLflow runs
         self.token = cluster.token  # the Ray cluster's: over HTTP too, its holder is the admin
         self.door = open_door(self.config, self.token)
         self.health = Health(
@@ -142,6 +145,7 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
             self.config.store,
         )
         threading.Thread(target=self._loop, name="scheduling", daemon=True).start()
+        self.mlflow.start()
 
     def _new_record(self, spec: JobSpec, options: dict, launched_by: str) -> JobRecord:
         job_id = options.get("job_id")
@@ -410,7 +414,11 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
         return job
 
     def _view(self, job: JobRecord, history: bool = True) -> dict[str, Any]:
-        return self.views.job(job, history)
+        view = self.views.job(job, history)
+        waiting = self.mlflow.note(job.id)
+        if waiting:
+            view["mlflow"] = waiting  # records its MLflow run still lacks
+        return view
 
 
 def service_options() -> dict:

@@ -74,7 +74,7 @@ class ReadCalls:
     def exporter_snapshot(self) -> dict[str, Any]:
         """What the Prometheus collector reads at each scrape (see monitoring/exporter.py)."""
         with self.lock:
-            return self.views.exporter_snapshot()
+            return {**self.views.exporter_snapshot(), "mlflow_waiting": self.mlflow.records_waiting()}
 
     def metrics_since(
         self, job_id: str, since_step: int, newest: int | None = None, token: str | None = None

@@ -1129,6 +1129,7 @@
     else if (job.state === "preempted") [text, kind] = ["Preempted " + fmtInt(job.preemptions) + "×, waiting to resume at step " + fmtInt(job.step) + (job.note ? ": " + job.note : "."), "warn"];
     else if (job.note) text = job.note;
     else if (job.reason) text = job.reason;
+    if (job.mlflow) [text, kind] = [text ? text + " · " + job.mlflow : job.mlflow, kind || "warn"];  // records its MLflow run lacks
     callout.hidden = !text;
     callout.className = "callout" + (kind ? " " + kind : "");
     setText(callout, text || "");
