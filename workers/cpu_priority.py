@@ -16,9 +16,10 @@ quiet machine Ray's own processes then preempt a rank at every wake-up, and with
 threads of an op waiting for each other that cost the main job a fifth of its speed
 (bench/cpu_priority.py).
 
-Who wants the CPU is read from the kernel every second: the machine's busy CPU time less that
-of this job's processes on the node (this rank's, its peers' on the node, their children),
-and the share of the time some task waited for a CPU (`/proc/pressure/cpu`, PSI): others at
+Who wants the CPU is read from the kernel every second: the CPU time of the processes at
+normal priority (nice 0 or below: people, the control plane, Ray; a batch job at nice 19 is
+not one of them) but this job's on the node (this rank's, its peers', their children), and
+the share of the time some task waited for a CPU (`/proc/pressure/cpu`, PSI): others at
 work (a tenth of a core) while something waited 5% of the time (without PSI: others using a
 quarter of a core). Ray's own processes at rest neither use that much nor wait. The training
 threads are the rank's threads but those that were there before training began (Ray's own:
@@ -185,8 +186,10 @@ class Hysteresis:
 
 
 class OthersDemand:
-    """Since the last look: the cores used on this machine by everything but `ours` (processes
-    and their children), and the share of the time some task waited for a CPU (PSI)."""
+    """Since the last look: the cores used by the processes of this machine at normal priority
+    (nice 0 or below, SCHED_OTHER: people, the control plane, Ray; not a batch job at nice 19
+    nor another rank that gives way) but `ours` (processes and their children), and the share
+    of the time some task waited for a CPU (PSI)."""
 
     def __init__(self, ours: list[psutil.Process]):
         self.ours = ours
@@ -194,19 +197,40 @@ class OthersDemand:
 
     def look(self) -> tuple[float, float | None]:
         now = self._now()
-        (wall, busy, mine, stalled), (wall0, busy0, mine0, stalled0) = now, self.last
+        (wall, used, stalled), (wall0, used0, stalled0) = now, self.last
         self.last = now
         elapsed = max(wall - wall0, 1e-6)
         waiting = None if stalled is None or stalled0 is None else (stalled - stalled0) / elapsed
-        return max(busy - busy0 - (mine - mine0), 0.0) / elapsed, waiting
+        # a process new since the last look counts from its start: a command just typed
+        others = sum(seconds - used0.get(pid, 0.0) for pid, seconds in used.items())
+        return max(others, 0.0) / elapsed, waiting
 
     def cores(self) -> float:
         return self.look()[0]
 
-    def _now(self) -> tuple[float, float, float, float | None]:
-        times = psutil.cpu_times()
-        busy = sum(times) - times.idle - getattr(times, "iowait", 0.0)
-        return time.monotonic(), busy, sum(cpu_seconds(p) for p in self.ours), stalled_seconds()
+    def _now(self) -> tuple[float, dict[int, float], float | None]:
+        ours = {p.pid for p in self.ours} | {c.pid for p in self.ours for c in children_of(p)}
+        used = {pid: seconds for pid, seconds in normal_priority_cpu().items() if pid not in ours}
+        return time.monotonic(), used, stalled_seconds()
+
+
+def normal_priority_cpu() -> dict[int, float]:
+    """CPU seconds so far of each process at normal priority (its main thread's nice value 0
+    or below, SCHED_OTHER), by pid, from /proc/<pid>/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        # after the name: utime and stime are stat's 14th and 15th fields, nice the 19th, policy the 41st
+        if int(fields[16]) <= 0 and int(fields[38]) == os.SCHED_OTHER:
+            found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return found
 
 
 def stalled_seconds() -> float | None:
@@ -216,18 +240,6 @@ def stalled_seconds() -> float | None:
             return int(pressure.readline().rsplit("total=", 1)[1]) / 1e6
     except (OSError, ValueError, IndexError):
         return None
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    """CPU time of a process and its live children (a data loader's included)."""
-    total = 0.0
-    for p in [process, *children_of(process)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            continue
-    return total
 
 
 def children_of(process: psutil.Process) -> list[psutil.Process]:
