@@ -56,7 +56,7 @@ def test_it_gives_way_after_two_looks_of_others_waiting_holds_thirty_then_looks_
     quiet = ((0.05, 0.0), (0.05, 0.3), (0.3, 0.0), (0.15, 0.1), (0.05, 0.0))
     assert [decide(c, w) for c, w in quiet] == [False] * 5
     # others at work while something waits, two looks running: it gives way for 30 looks
-    assert [decide(c, w) for c, w in ((0.15, 0.1), (0.15, 0.1))] == [False, True]
+    assert [decide(c, w) for c, w in ((0.2, 0.1), (0.2, 0.1))] == [False, True]
     held = [decide(0.3, 0.0) for _ in range(cpu_priority.HOLD_LOOKS)]
     assert held == [True] * (cpu_priority.HOLD_LOOKS - 1) + [False]  # then its priority back
     assert [decide(c, w) for c, w in ((0.3, 0.2), (0.3, 0.2))] == [False, True]  # still busy: again

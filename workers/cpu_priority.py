@@ -20,7 +20,7 @@ Who wants the CPU is read from the kernel every second: the CPU time of the proc
 normal priority (nice 0 or below: people, the control plane, Ray; a batch job at nice 19 is
 not one of them) but this job's on the node (this rank's, its peers', their children), and
 the share of the time some task waited for a CPU (`/proc/pressure/cpu`, PSI): others at
-work (a tenth of a core) while something waited 5% of the time (without PSI: others using a
+work (0.15 of a core) while something waited 5% of the time (without PSI: others using a
 quarter of a core). Ray's own processes at rest neither use that much nor wait. The training
 threads are the rank's threads but those that were there before training began (Ray's own:
 its RPCs, health checks keep their class), and its children's (data loaders). It gives way
@@ -50,7 +50,7 @@ CHOICES = ("background", "normal")
 LOOK_S = 1.0  # how often the others' demand is read
 ENGAGE_LOOKS = 2  # looks running in which others wanted the CPU: give way
 WAITING = 0.05  # ... some task waited this share of the time (the kernel's PSI)
-WORKING_CORES = 0.1  # ... while the others used this much: a person's command, not Ray's ticks
+WORKING_CORES = 0.15  # ... while the others used this much: a person's command, not Ray's ticks
 BUSY_CORES = 0.25  # where the kernel has no PSI: the others using this much
 HOLD_LOOKS = 30  # looks giving way before training tries its own priority again
 PRESSURE = "/proc/pressure/cpu"
@@ -227,8 +227,10 @@ def normal_priority_cpu() -> dict[int, float]:
                 fields = stat.read().rsplit(b")", 1)[1].split()
         except OSError:  # it ended meanwhile
             continue
-        # after the name: utime and stime are stat's 14th and 15th fields, nice the 19th, policy the 41st
-        if int(fields[16]) <= 0 and int(fields[38]) == os.SCHED_OTHER:
+        # after the name: the parent is stat's 4th field, utime and stime the 14th and 15th,
+        # nice the 19th, policy the 41st; the kernel's own threads (children of kthreadd, 2) aside
+        kernel = fields[1] in (b"0", b"2")
+        if not kernel and int(fields[16]) <= 0 and int(fields[38]) == os.SCHED_OTHER:
             found[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
     return found
 
