@@ -3,6 +3,7 @@
     python bench/philly.py pcs PCS_CHECKOUT /tmp/philly-vcs   # or: log cluster_job_log /tmp/philly-vcs
     python bench/scheduler_philly.py /tmp/philly-vcs [--vcs 2869ce,e13805] [--out DIR] [--order las-share]
     python bench/scheduler_philly.py /tmp/philly-vcs --sweep [--orders default] [--jobs 2] [--reuse FILE]
+        [--no-replay]
 
 Every VC with at least 500 jobs (`philly.MIN_JOBS`), on its cluster (`philly.cluster_nodes`:
 the fewest 8-GPU nodes that hold its largest job at an offered load of at most 0.8), under
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", default=",".join(map(str, LOADS)), help="--sweep: offered loads")
     parser.add_argument("--jobs", type=int, default=1, help="--sweep: points replayed at once")
     parser.add_argument("--reuse", default=None, help="--sweep: an earlier sweep's JSON to take results from")
+    parser.add_argument("--no-replay", action="store_true", help="--sweep: only what --reuse holds")
     parser.add_argument("--stem", default="scheduler_philly_sweep", help="--sweep: the result files' name")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -166,7 +168,7 @@ def _sweep(args: argparse.Namespace, record: dict, out: Path) -> int:
         (out / f"{args.stem}.md").write_text(render_sweep(record))
 
     started = time.perf_counter()
-    run_sweep(record, args.traces, todo, orders, load_reuse(args.reuse), args.jobs, save)
+    run_sweep(record, args.traces, todo, orders, load_reuse(args.reuse), args.jobs, save, not args.no_replay)
     record["wall_s"] = time.perf_counter() - started
     save()
     print(render_sweep(record))

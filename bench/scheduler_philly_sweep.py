@@ -19,7 +19,9 @@ begin with 0-7 (held out). Issue 51's targets at every point, for an order witho
 
 `--jobs N` replays N points at once (one process each); `--reuse FILE` takes from an earlier
 sweep every (VC, GPUs, policy) it holds instead of replaying it (the baselines do not change
-while orders are tuned). The JSON is written after every point, so a cut run keeps its work.
+while orders are tuned); `--no-replay` replays nothing and prints what the files hold, with the
+points they lack. Each result keeps the date and command that measured it (`measured`), and
+the table lists them. The JSON is written after every point, so a cut run keeps its work.
 """
 
 from __future__ import annotations
@@ -108,8 +110,11 @@ def _key(point: dict) -> str:
     return f"{point['vc']}@{point['gpus']}"
 
 
-def run_sweep(record: dict, folder: str, todo: list[dict], orders, reuse: dict, jobs: int, save) -> None:
-    """Replay every point (in `jobs` processes), filling `record["points"]`; `save()` after each."""
+def run_sweep(
+    record: dict, folder: str, todo: list[dict], orders, reuse: dict, jobs: int, save, replay: bool = True
+) -> None:
+    """Replay every point (in `jobs` processes), filling `record["points"]`; `save()` after each.
+    `replay=False`: only what `reuse` holds, each point noting what it lacks (`missing`)."""
     policies = (*BASELINES, *orders)
     futures = {}
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -118,7 +123,10 @@ def run_sweep(record: dict, folder: str, todo: list[dict], orders, reuse: dict, 
             point["tables"] = {name: known[name] for name in policies if name in known}
             missing = tuple(name for name in policies if name not in point["tables"])
             record["points"][_key(point)] = point
-            if missing:
+            if missing and not replay:
+                point["missing"] = list(missing)
+                _finish(point, orders)
+            elif missing:
                 futures[pool.submit(_replay_point, folder, point["vc"], point["gpus"], missing)] = (
                     point,
                     time.perf_counter(),
@@ -126,9 +134,13 @@ def run_sweep(record: dict, folder: str, todo: list[dict], orders, reuse: dict, 
             else:
                 _finish(point, orders)
         save()
+        measured = f"{record['date']}: `{record['command']}`"
         for future in as_completed(futures):
             point, started = futures[future]
-            point["tables"].update(future.result()[2])
+            replayed = future.result()[2]
+            point["tables"].update(
+                {name: {**table, "measured": measured} for name, table in replayed.items()}
+            )
             point["wall_s"] = time.perf_counter() - started
             _finish(point, orders)
             print(format_point(point, orders), flush=True)
@@ -136,11 +148,17 @@ def run_sweep(record: dict, folder: str, todo: list[dict], orders, reuse: dict, 
 
 
 def _finish(point: dict, orders) -> None:
-    point["targets"] = {order: point_targets(point["tables"], order) for order in orders}
+    """The targets of each order measured at the point (with both baselines)."""
+    tables = point["tables"]
+    if not all(name in tables for name in BASELINES):
+        point["targets"] = {}
+        return
+    point["targets"] = {order: point_targets(tables, order) for order in orders if order in tables}
 
 
 def format_point(point: dict, orders) -> str:
     t = point["targets"]
+    orders = [o for o in orders if o in t]
     cells = "; ".join(
         f"{o}: {t[o]['fifo_over']:.2f}x fifo, {t[o]['vs_sjf']:.2f}x sjf, p99 {t[o]['p99_vs_fifo']:.2f}x,"
         f" {t[o]['preemptions']:.2f} pre/job{' MISS ' + ','.join(t[o]['missed']) if t[o]['missed'] else ''}"
@@ -211,7 +229,30 @@ def render_sweep(record: dict) -> str:
                 f" {s['preemptions'][0]:.2f}-{s['preemptions'][1]:.2f}"
             )
             lines += ["", *_table(record, order, split)]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_not_measured(record), *_sources(record)]) + "\n"
+
+
+def _not_measured(record: dict) -> list[str]:
+    """The points of the sweep that lack a policy's replay, by VC."""
+    lacking: dict[str, list[str]] = {}
+    for p in sorted(record["points"].values(), key=lambda p: (p["jobs"], p["vc"], p["target_load"])):
+        if p.get("missing"):
+            lacking.setdefault(p["vc"], []).append(f"{p['target_load']:.1f} ({', '.join(p['missing'])})")
+    if not lacking:
+        return []
+    lines = ["", "## Not measured", ""]
+    return lines + [f"- {vc}: {'; '.join(loads)}" for vc, loads in lacking.items()]
+
+
+def _sources(record: dict) -> list[str]:
+    """Each run the tables come from (its date and command), with how many results it gave."""
+    runs: dict[str, int] = {}
+    for p in record["points"].values():
+        for table in p["tables"].values():
+            source = table.get("measured", "not recorded")
+            runs[source] = runs.get(source, 0) + 1
+    lines = ["", "## Where each result comes from (`measured` in the JSON)", ""]
+    return lines + [f"- {source} ({count} results)" for source, count in sorted(runs.items())]
 
 
 def _table(record: dict, order: str, split: str) -> list[str]:

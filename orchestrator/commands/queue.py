@@ -23,14 +23,17 @@ WAITING_SHOWN = 50  # waiting jobs `queue` lists: a screen or two, not a queue o
 
 
 def register(sub) -> None:
-    queue = sub.add_parser("queue", help="the orchestrator service's queue: waiting and running jobs")
+    queue = sub.add_parser(
+        "queue",
+        help="the orchestrator service's queue: running jobs, then waiting jobs in the order of admission",
+    )
     queue.add_argument("--all", action="store_true", help="include finished jobs")
     queue.add_argument(
         "--waiting",
         type=int,
         default=WAITING_SHOWN,
         metavar="N",
-        help=f"show the first N waiting jobs (default {WAITING_SHOWN}; 0: every one)",
+        help=f"show the first N waiting jobs, the next admitted first (default {WAITING_SHOWN}; 0: all)",
     )
     add_address(queue)
     queue.set_defaults(handler=with_cluster_errors(handle_queue))

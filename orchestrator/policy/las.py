@@ -35,10 +35,6 @@ docs/scheduler.md; a queue file chooses them with `order: las-share`, `las_of`):
 - Victims: `latest-submitted` takes, within the highest level, the job that is last in queue
   order (latest first submission) instead of the most recently started one, so the victims
   are those the order would start last, and the oldest jobs of a level keep running.
-- Issue 51's candidates (off by default; `bench/las_candidates.py`, docs/scheduler.md "A sweep
-  of load"): `starve_limit_s` caps the promotion wait; `promoted_stop_peers=False` lets a
-  promoted job stop only longer-served ones; `min_run_factor`/`min_run_cap_s` grow an attempt's
-  minimum run with the run before it.
 - Top share: the jobs of the top level (the longest served) of a queue and priority are
   entitled to `top_share` of the cluster's GPUs, oldest first (FIFO, as a level is). While
   they hold it, the entitled running ones are not LAS victims, and an entitled waiting one
@@ -50,7 +46,6 @@ docs/scheduler.md; a queue file chooses them with `order: las-share`, `las_of`):
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -89,19 +84,10 @@ class LasTuning:
 
     victims: VictimOrder = "recently-started"
     top_share: float = 0.0  # of the cluster's GPUs, for the top level's oldest jobs; 0: none
-    starve_limit_s: float = math.inf  # a waiting job is promoted after this long at the latest
-    promoted_stop_peers: bool = True  # False: promotion orders the queue, stops no peers
-    # an attempt's minimum run grows with the run before it: min(cap, factor x that run)
-    min_run_factor: float = 0.0
-    min_run_cap_s: float = math.inf
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.top_share <= 1.0:
             raise ValueError(f"top_share must be within [0, 1], got {self.top_share}")
-        if not self.starve_limit_s > 0:
-            raise ValueError(f"starve_limit_s must be > 0, got {self.starve_limit_s}")
-        if not (self.min_run_factor >= 0 and self.min_run_cap_s >= 0):
-            raise ValueError("min_run_factor and min_run_cap_s must be >= 0")
 
 
 # Issue 34: the order that meets every target on the ten Philly VCs (docs/scheduler.md)
@@ -220,8 +206,7 @@ class Las:
         if not job.attained_s:
             return since + self.starve_after_s
         run_s = job.attained_s / (job.per_worker.get("GPU", 0.0) * job.workers or job.workers)
-        wait_s = max(self.starve_after_s, self.starve_factor * run_s)
-        return since + max(self.starve_after_s, min(wait_s, self.tuning.starve_limit_s))
+        return since + max(self.starve_after_s, self.starve_factor * run_s)
 
     def preempts_at(self, job: JobRequest) -> float:
         """When a waiting job may start stopping LAS victims (`preempt_after_s` after it last
@@ -306,8 +291,6 @@ class Las:
         if head.queue not in self.queues or now < self.preempts_at(head):
             return None
         head_level = self.pending_level(head, now)
-        if not self.tuning.promoted_stop_peers and head.id not in self.lifted:
-            head_level = self.level(head.attained_s)  # a starving job stops only longer-served ones
         protected = self.protected
 
         def may_preempt(allocation: Allocation) -> bool:
@@ -315,21 +298,12 @@ class Las:
                 allocation.queue == head.queue
                 and allocation.priority == head.priority
                 and not allocation.stopping
-                and now - allocation.started_at >= self.min_run(allocation)
+                and now - allocation.started_at >= self.min_run_s
                 and allocation.job_id not in protected
                 and self.level(self._service(allocation, now, served)[0]) > head_level
             )
 
         return may_preempt
-
-    def min_run(self, allocation: Allocation) -> float:
-        """How long an attempt runs before LAS may stop it: `min_run_s`, or, tuned, longer for
-        a job that has run before (KAI's min-runtime, grown with the run behind it)."""
-        if not self.tuning.min_run_factor or not allocation.attained_s:
-            return self.min_run_s
-        rate = _served(allocation, allocation.started_at)[1]
-        before_s = self.tuning.min_run_factor * allocation.attained_s / rate
-        return max(self.min_run_s, min(self.tuning.min_run_cap_s, before_s))
 
     def rank(self, now: float, served: Served | None = None):
         """Victim order: the highest level first, then the most recently started (or, tuned
@@ -380,7 +354,7 @@ class Las:
             if floor is None or allocation.stopping:
                 continue
             service, rate = self._service(allocation, now, served)
-            eligible_at = allocation.started_at + self.min_run(allocation)
+            eligible_at = allocation.started_at + self.min_run_s
             if self.level(service) <= floor:  # it becomes a victim once it passes the next threshold
                 if floor >= len(self.thresholds):
                     continue

@@ -158,21 +158,33 @@ class Policy:
     def schedule(self, now: float, pending: list[JobRequest], running: list[Allocation]) -> Decision:
         running = list(running)
         cohorts = CohortBook(self.cohort_layout, running) if self.cohorts else None
+        ordered, served, levels = self._order(now, pending, running, cohorts)
+        return _Pass(self, now, running, cohorts, served, levels).run(ordered)
+
+    def order(self, now: float, pending: list[JobRequest], running: list[Allocation]) -> list[JobRequest]:
+        """The pending jobs in the order a pass at `now` walks them, which is the order it admits
+        them in (step 2); `orchestrator queue` lists the waiting jobs so."""
+        running = list(running)
+        cohorts = CohortBook(self.cohort_layout, running) if self.cohorts else None
+        return self._order(now, pending, running, cohorts)[0]
+
+    def _order(
+        self, now: float, pending: list[JobRequest], running: list[Allocation], cohorts: CohortBook | None
+    ) -> tuple[list[JobRequest], dict[str, tuple[float, float]], dict[str, int]]:
+        """Step 2's order, with the running jobs' LAS service and the pending jobs' LAS levels
+        that the rest of the pass reuses."""
         # jobs of cohort queues below their nominal quota go first within their priority
         # (Kueue: no borrowing ahead of a lender), so the backfill window reaches them
         first = cohorts.lenders() if cohorts is not None else set()
-        served: dict[str, tuple[float, float]] = {}
-        levels: dict[str, int] = {}
-        if self.las is not None:
-            served = self.las.served(running, now)
-            self.las.begin_pass(pending, running, self.gpus, served)  # before levels: it lifts some
-            levels = self.las.pending_levels(pending, now)
-            ordered = self.las.order(pending, running, now, first, served, levels)
-        else:
+        if self.las is None:
             ordered = order_pending(pending)
             if first:
                 ordered.sort(key=lambda job: (-job.priority, job.queue not in first))
-        return _Pass(self, now, running, cohorts, served, levels).run(ordered)
+            return ordered, {}, {}
+        served = self.las.served(running, now)
+        self.las.begin_pass(pending, running, self.gpus, served)  # before levels: it lifts some
+        levels = self.las.pending_levels(pending, now)
+        return self.las.order(pending, running, now, first, served, levels), served, levels
 
 
 class _Pass(Reservations, Victims, Resizes):

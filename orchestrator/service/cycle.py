@@ -210,6 +210,14 @@ class SchedulingCycle:
                 job, "preempt", now, by=f"{why}: {job.placement_size} -> {size} workers", resize_to=size
             )
 
+    def admission_order(self, now: float) -> list[str]:
+        """The waiting jobs' ids in the order a pass at `now` admits them: the policy's own order
+        (`Policy.order`) of the requests and allocations a pass hands it. Jobs held back for now
+        (a start's backoff, a full sweep) are ordered with the rest."""
+        pending = self._requests(self.jobs.pending())
+        running = [allocation(j) for j in self.jobs.holding()]
+        return [job.id for job in self.policy.order(now, pending, running)]
+
     def _requests(self, jobs: list[JobRecord]) -> list[JobRequest]:
         """The pending jobs as the policy sees them, each kept from the last pass while what it
         is built from stays the same (10,000 waiting jobs: building them all was half a pass)."""

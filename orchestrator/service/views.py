@@ -7,8 +7,8 @@ The service calls these under its lock.
 from __future__ import annotations
 
 import functools
-import heapq
 import time
+from collections.abc import Callable
 from typing import Any
 
 from core.jobs import JobState
@@ -55,22 +55,36 @@ class Views:
         return view
 
     def queue(self, include_finished: bool = False, waiting: int | None = None) -> list[dict[str, Any]]:
-        """The jobs in queue order: those holding resources first, then by priority and age;
-        `waiting`: only the first that many of the jobs waiting (the rest are counted in
-        `cluster()["jobs"]`), for a person reading a queue of thousands."""
-        pending = self.jobs.pending()
-        if waiting is not None:  # the first `waiting` without sorting them all
-            pending = heapq.nsmallest(waiting, pending, key=_queue_order)
-        ended = self.jobs.in_states(TERMINAL) if include_finished else ()
-        jobs = sorted([*self.jobs.holding(), *pending, *ended], key=_queue_order)
-        return [self.job(j, history=False) for j in jobs]
+        """The jobs in queue order (`queue_key`); `waiting`: only the first that many of the
+        jobs waiting (the rest are counted in `cluster()["jobs"]`), for a person reading a
+        queue of thousands."""
+        order = self.cycle.admission_order(time.time())
+        pending = [self.jobs[job_id] for job_id in (order if waiting is None else order[:waiting])]
+        holding = sorted(self.jobs.holding(), key=_age_order)
+        ended = sorted(self.jobs.in_states(TERMINAL), key=_age_order) if include_finished else []
+        return [self.job(j, history=False) for j in [*holding, *pending, *ended]]
 
     def queue_page(self, query: QueueQuery) -> dict[str, Any]:
         """One page of the jobs `query` asks for, in queue order, with how many match it and
         how many match its search in each state (`GET /api/queue?offset=&limit=&state=&q=`).
         Views are built for the page's jobs only: 50 of them, not the 11,000 in the table."""
-        page = query.select(self.jobs.values(), _state_name, self._searched, _queue_order)
+        page = query.select(self.jobs.values(), _state_name, self._searched, self.queue_key())
         return page.reply(query, [self.job(j, history=False) for j in page.jobs])
+
+    def queue_key(self) -> Callable[[JobRecord], tuple]:
+        """Sort key of the queue as shown: the jobs holding resources, then the waiting ones in
+        the order the policy admits them (`SchedulingCycle.admission_order`: the one order, the
+        scheduler's), then the finished ones; each of the first and last by priority and age."""
+        rank = {job_id: n for n, job_id in enumerate(self.cycle.admission_order(time.time()))}
+
+        def key(job: JobRecord) -> tuple:
+            if job.state.holds_resources:
+                return (0, 0, *_age_order(job))
+            if job.id in rank:
+                return (1, rank[job.id], 0, 0.0, "")
+            return (2, 0, *_age_order(job))
+
+        return key
 
     def _searched(self, job: JobRecord) -> tuple[str | None, ...]:
         """The fields a search looks in, queue_query.SEARCHED's, in its order."""
@@ -195,6 +209,5 @@ def _state_name(job: JobRecord) -> str:
     return job.state.value
 
 
-def _queue_order(job: JobRecord) -> tuple:
-    active = 0 if job.state.holds_resources else 1
-    return (active, -job.priority, job.submitted_at, job.id)
+def _age_order(job: JobRecord) -> tuple:
+    return (-job.priority, job.submitted_at, job.id)
