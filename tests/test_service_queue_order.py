@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 
 from core.queues import validate_queue_config
-from core.spec import validate
 from orchestrator.monitoring.queue_query import QueueQuery
 from orchestrator.policy import Node, Policy
 from orchestrator.service.cycle import SchedulingCycle, allocation, request
@@ -17,19 +16,9 @@ from orchestrator.service.lifecycle import Lifecycle
 from orchestrator.service.store import Store
 from orchestrator.service.submission import new_record
 from orchestrator.service.views import Views
+from tests.test_queues_service import CONFIG, SPEC  # a 2-worker job; the lifecycle's settings
 
 HOUR = 3600.0
-SPEC = validate(
-    {
-        "name": "job",
-        "model": {"family": "convnet", "preset": "tiny"},
-        "data": {"source": "synthetic"},
-        "train": {"steps": 100},
-        "resources": {"num_workers": 2, "gpus_per_worker": 1},
-        "parallel": {"strategy": "ddp"},
-    }
-)
-CONFIG = SimpleNamespace(start_deadline_s=60.0, backoff_s=1.0, max_backoff_s=8.0, max_failed_starts=3)
 NODE = Node("n1", {"CPU": 1000.0, "GPU": 1000.0})  # room for every job: a pass admits them all
 
 
