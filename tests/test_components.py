@@ -44,6 +44,7 @@ def components(*overrides):
             micro_batch=1,
             total_steps=total_steps,
             message=print,
+            log_record=print,
         ),
     )
 

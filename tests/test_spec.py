@@ -117,6 +117,45 @@ BAD_FIELDS = [
     ),
     (setter("fault_tolerance.hang_timeout_s", 1), "fault_tolerance.hang_timeout_s", "allowed: 5 to"),
     (setter("fault_tolerance.on_straggler", "ignore"), "fault_tolerance.on_straggler", "'warn'"),
+    (setter("fault_tolerance.replica_groups", 0), "fault_tolerance.replica_groups", "allowed: 1 to 64"),
+    (
+        lambda raw: (
+            setter("resources.num_workers", 3)(raw),
+            setter("parallel.strategy", "ddp")(raw),
+            setter("data.batch_size", 48)(raw),
+            setter("fault_tolerance.replica_groups", 2)(raw),
+        ),
+        "fault_tolerance.replica_groups",
+        "2 groups do not divide resources.num_workers (3)",
+    ),
+    (
+        lambda raw: (
+            setter("resources.num_workers", 2)(raw),
+            setter("parallel.strategy", "fsdp2")(raw),
+            setter("fault_tolerance.replica_groups", 2)(raw),
+        ),
+        "fault_tolerance.replica_groups",
+        "set parallel.strategy 'ddp'",
+    ),
+    (
+        lambda raw: (
+            setter("resources.num_workers", {"min": 2, "max": 4})(raw),
+            setter("parallel.strategy", "ddp")(raw),
+            setter("fault_tolerance.replica_groups", 2)(raw),
+        ),
+        "fault_tolerance.replica_groups",
+        "not with an elastic resources.num_workers",
+    ),
+    (
+        lambda raw: (
+            setter("resources.num_workers", 2)(raw),
+            setter("parallel.strategy", "ddp")(raw),
+            setter("precision.dtype", "fp16")(raw),
+            setter("fault_tolerance.replica_groups", 2)(raw),
+        ),
+        "fault_tolerance.replica_groups",
+        "not with precision.dtype fp16",
+    ),
     (setter("scheduling.priority", 5000), "scheduling.priority", "5000 is out of range; allowed: 0 to 1000"),
     (setter("metrics.prometheus_port", 9100), "metrics.prometheus_port", "unknown field"),  # removed
     (setter("scheduling.queue", "Fast Lane"), "scheduling.queue", "lowercase letters"),

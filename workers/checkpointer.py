@@ -216,8 +216,11 @@ class Checkpointer:
         """Load the checkpoint the context names into the model, optimizer, schedule, grad
         scaler and `TrainState` (in place); without one, start afresh."""
         directory = self.ctx.resume_from()
+        # with replica groups the job's log starts where a group first leads (metrics_processor)
+        one_group = self.spec.fault_tolerance.replica_groups == 1
         if directory is None:
-            self.ctx.restore_metrics([])
+            if one_group:
+                self.ctx.restore_metrics([])
             return
         trainer_state, history = checkpoint.load(
             directory, self.model, self.optimizer, self.ctx.rank, self.ctx.world_size
@@ -229,6 +232,7 @@ class Checkpointer:
         state.best_eval_loss = trainer_state["best_eval_loss"]
         state.evals_without_improvement = trainer_state["evals_without_improvement"]
         state.history = history
-        self.ctx.restore_metrics(history)
+        if one_group:
+            self.ctx.restore_metrics(history)
         if self.ctx.is_main:
             log.info("resumed from %s at step %d", directory, state.step)

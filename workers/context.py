@@ -24,6 +24,7 @@ from core.spec import JobSpec
 from workers import checkpoint_upload, cpu_priority
 from workers.checkpoint import CheckpointError, checkpoint_group
 from workers.checkpoint_files import damage_reason, has_checksums, incomplete_reason, newest_valid
+from workers.replicas import GROUP_ENV
 from workers.run_log import RunLog
 
 log = logging.getLogger("workers")
@@ -37,6 +38,7 @@ class RunContext:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     restarts: int = 0
+    replica_group: int = 0  # with fault_tolerance.replica_groups: which group this worker is in
     shows_progress: bool = True  # False where someone else prints it (the Ray driver)
     # stages of this process's start the launcher saw before the loop did (wall clock): the
     # summary's `startup` begins with them
@@ -176,6 +178,7 @@ class LocalContext(RunContext):
         self.rank = int(os.environ.get("RANK", 0))
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.replica_group = int(os.environ.get(GROUP_ENV, 0))  # one torchrun per group
         self.name = run_name(spec)
         self.run_uri = storage.join(spec.checkpoint.storage, self.name)
         self._tmp = Path(tempfile.mkdtemp(prefix="orchestrator-"))

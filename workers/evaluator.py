@@ -47,12 +47,15 @@ class Evaluator:
         micro_batch: int,
         total_steps: int,
         message: Callable[[str], None],
+        log_record: Callable[[dict], None],
     ):
         """`micro_batch`: the eval batch size when the spec names none; `message`: shows a
-        line to whoever watches the run (the progress reporter's)."""
+        line to whoever watches the run (the progress reporter's); `log_record`: rank 0's
+        records to the job's log (the metrics processor's)."""
         self.spec, self.ctx, self.state = spec, ctx, state
         self.datasets, self.model, self.loss, self.precision = datasets, model, loss, precision
         self.micro_batch, self.total_steps, self.message = micro_batch, total_steps, message
+        self.log_record = log_record
         self.last: dict = {}  # the newest evaluation's metrics
 
     def should_evaluate(self, step: int) -> bool:
@@ -128,5 +131,5 @@ class Evaluator:
         record = {records.STEP: step, **metrics, records.TIME: time.time()}
         self.state.history.append(record)
         if self.ctx.is_main:
-            self.ctx.log_metrics(record)
+            self.log_record(record)
         self.message(f"eval at step {step}: {records.format_eval(metrics)}")

@@ -70,6 +70,12 @@ class MetricsProcessor:
             compiled=spec.precision.compile,
         )
         self.rate = 0.0  # samples/s between the last two logged steps
+        # whether this rank 0 writes the job's log now; None: always. With replica groups, the
+        # leading group's (workers/replicas.py): a group that comes to lead starts a version of
+        # the log of its own from its history, which supersedes the last leader's
+        self.writes: Callable[[], bool] | None = None
+        self.log_from_here: Callable[[], list[dict]] = lambda: list(self.state.history)
+        self._writing = False
 
     def _flops_per_sample(self) -> int | None:
         try:
@@ -134,6 +140,18 @@ class MetricsProcessor:
             stop = self._take_sums() or stop
         return stop
 
+    def log_record(self, record: dict) -> None:
+        """Rank 0's finished record (already in the history) to the job's log, if it writes it."""
+        if self.writes is None:
+            self.ctx.log_metrics(record)
+            return
+        writes = self.writes()
+        if writes and not self._writing:
+            self.ctx.restore_metrics(self.log_from_here())
+        elif writes:
+            self.ctx.log_metrics(record)
+        self._writing = writes
+
     def close(self) -> None:
         self.sums.discard()  # after a failure: nothing more to log or wait for
         self.progress.close()
@@ -194,7 +212,7 @@ class MetricsProcessor:
             raise TrainingError(f"loss is not finite at or before step {step}")
         for record in completed:  # rank 0's: the other ranks keep none (only rank 0 checkpoints them)
             self.state.history.append(record)
-            self.ctx.log_metrics(record)
+            self.log_record(record)
         if completed:
             last = completed[-1]
             self.progress.update(

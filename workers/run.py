@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.spec, args.overrides)
         if world and spec.resources.elastic:
             spec = sized(spec, int(world), args.spec)
-        elif world:
-            spec = load_spec(args.spec, [*args.overrides, f"resources.num_workers={world}"])
+        elif world:  # with replica groups, one torchrun per group (docs/cluster.md)
+            workers = int(world) * spec.fault_tolerance.replica_groups
+            spec = load_spec(args.spec, [*args.overrides, f"resources.num_workers={workers}"])
         problems = job_problems(spec)
         if problems:
             raise SpecError(problems, args.spec)

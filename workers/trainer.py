@@ -19,7 +19,7 @@ import torch
 
 from core import records
 from core.spec import JobSpec
-from workers import data, models, throughput
+from workers import data, models, replicas, throughput
 from workers.checkpointer import Checkpointer
 from workers.context import RunContext
 from workers.evaluator import Evaluator
@@ -46,7 +46,9 @@ class Trainer:
         self.startup["process_group"] = time.time()
         self.device = ctx.device
         seed = spec.train.seed
-        self.datasets = data.load(spec.data, seed=seed, rank=ctx.rank, world_size=ctx.world_size)
+        # with replica groups, each group trains on a share of the data of its own
+        rank, world = replicas.data_position(spec, ctx)
+        self.datasets = data.load(spec.data, seed=seed, rank=rank, world_size=world)
         self.startup["data"] = time.time()
         self.info = self.datasets.info
         self.is_lm = self.info.kind == "tokens"
@@ -55,12 +57,12 @@ class Trainer:
         model = models.build(spec.model, self.info, kernels=spec.kernels.as_dict()).to(self.device)
         self.model = parallelize(model, spec, mesh=None)
         self.startup["model"] = time.time()
-        torch.manual_seed(seed + 1 + ctx.rank)  # independent dropout streams per rank
+        torch.manual_seed(seed + 1 + rank)  # independent dropout streams per rank
 
         self.layout = Layout(
             spec.data.batch_size,
-            ctx.world_size,
-            ctx.rank,
+            world,
+            rank,
             spec.train.grad_accum,
             sharded=self.datasets.sharded,
         )
@@ -87,6 +89,19 @@ class Trainer:
         self.summary_extras: dict[str, Callable[[], object]] = {}
         self._build_components()
         self.collective_wait = throughput.CollectiveWait(self.model, self.timer)
+        # the quorum of the job's replica groups, or None for a job of one group
+        self.replicas = replicas.join(
+            spec,
+            ctx,
+            state=self.state,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            scaler=self.precision.scaler,
+        )
+        if self.replicas is not None:
+            self.metrics.writes = lambda: self.replicas.leads
+            self.metrics.log_from_here = self.replicas.log_from_here
 
     def _build_components(self) -> None:
         """The checkpointer, the metrics processor and the evaluator, each handed its parts."""
@@ -122,12 +137,16 @@ class Trainer:
             micro_batch=self.layout.micro_batch,
             total_steps=self.total_steps,
             message=self.metrics.message,
+            log_record=self.metrics.log_record,
         )
 
     # -- the step --------------------------------------------------------------------
 
-    def step(self, micro_batches: list) -> torch.Tensor:
-        """One optimizer step over the micro-batches; returns this rank's mean loss (a tensor)."""
+    def step(self, micro_batches: list) -> torch.Tensor | None:
+        """One optimizer step over the micro-batches; returns this rank's mean loss (a tensor),
+        or None where a replica group was lost during the step (no group stepped)."""
+        if self.replicas is not None:
+            self.replicas.begin()  # a group behind its peers loads a peer's state first
         accum = len(micro_batches)
         total = torch.zeros((), device=self.device)
         for i, (x, y) in enumerate(micro_batches):
@@ -144,21 +163,41 @@ class Trainer:
             total += loss.detach()
         scaler = self.precision.scaler
         with self.timer.device("optimizer"):
-            if self.spec.train.clip_grad_norm:
-                scaler.unscale_(self.optimizer)
-                # the norm before clipping, kept as a tensor: read only at logging steps
-                self.grad_norm = clip_grad_norm_(self.model, self.spec.train.clip_grad_norm)
-            scaler.step(self.optimizer)
-            scaler.update()
+            if self.replicas is not None:
+                self.replicas.average(self.model)
+            committed = self.replicas is None or self.replicas.commit()
+            if committed:
+                if self.spec.train.clip_grad_norm:
+                    scaler.unscale_(self.optimizer)
+                    # the norm before clipping, kept as a tensor: read only at logging steps
+                    self.grad_norm = clip_grad_norm_(self.model, self.spec.train.clip_grad_norm)
+                scaler.step(self.optimizer)
+                scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        if committed:
+            self.scheduler.step()
         self.timer.step_done()
-        return total
+        return total if committed else None
+
+    # -- replica groups ------------------------------------------------------------------
+
+    def _writes(self) -> bool:
+        """Whether this group writes the job's checkpoints (all of them but with replica groups,
+        where the leading group does)."""
+        return self.replicas is None or self.replicas.leads
+
+    def _after_healing(self, batches):
+        """The batches from this group's step on, after it healed to a peer's step."""
+        if self.replicas is None or not self.replicas.take_healed():
+            return batches
+        return self.batches.iterate(self.state.step)
 
     # -- the loop ----------------------------------------------------------------------
 
     def run(self) -> dict:
         self.checkpointer.resume()
+        if self.replicas is not None:  # the quorum counts steps from the checkpoint's
+            self.replicas.continue_from(self.state.step)
         self.metrics.begin()
         status, reason = "succeeded", None
         try:
@@ -167,15 +206,22 @@ class Trainer:
                 with self.timer.host("data"):
                     micro_batches = next(batches)
                 loss = self.step(micro_batches)
+                if loss is None:  # a group lost mid-step: the step again, with the groups left
+                    batches = self._after_healing(batches)
+                    continue
                 self.state.step += 1
+                batches = self._after_healing(batches)
                 step = self.state.step
                 self.startup.setdefault("first_step", time.time())
                 for hook in self.step_hooks:  # e.g. bench/metrics_overhead.py's step timing
                     hook(step)
-                save_now, eval_now = self.checkpointer.should_save(step), self.evaluator.should_evaluate(step)
+                save_now = self._writes() and self.checkpointer.should_save(step)
+                eval_now = self.evaluator.should_evaluate(step)
                 stop = self.metrics.step_done(
                     step, loss, settle=save_now or eval_now, grad_norm=self.grad_norm
                 )
+                if self.replicas is not None:  # a stop request reaches every group at this step
+                    stop = self.replicas.stop_agreed(stop)
                 if stop and step < self.total_steps:  # at the last step: just finish
                     status = "preempted" if stop == STOP_CODES["preempt"] else "stopped"
                     reason = f"{status} at step {step}"
@@ -200,7 +246,7 @@ class Trainer:
         self.checkpointer.publish_pending()  # an async save still being written (a good one, even on failure)
         elapsed = time.perf_counter() - self.metrics.started
         eval_metrics = self.evaluator.final_metrics(status)
-        if status != "failed":
+        if status != "failed" and self._writes():
             self.checkpointer.save_final()  # or the step a preempted or stopped run resumes from
             self.ctx.settle_checkpoints()
         self.ctx.flush_metrics()

@@ -52,8 +52,27 @@ def cross_field_problems(spec: JobSpec) -> list[str]:
         problems.append("data.augment: applies to image data only")
     if spec.data.source == "parquet" and not spec.data.path:
         problems.append("data.path: required for source 'parquet' (a directory, file or URI)")
+    problems += _replica_group_problems(spec)
     if spec.sweep is not None:
         problems += _sweep_problems(spec)
+    return problems
+
+
+def _replica_group_problems(spec: JobSpec) -> list[str]:
+    groups, workers = spec.fault_tolerance.replica_groups, spec.resources.max_workers
+    if groups == 1:
+        return []
+    if spec.resources.elastic:
+        return ["fault_tolerance.replica_groups: not with an elastic resources.num_workers"]
+    field = "fault_tolerance.replica_groups"
+    if workers % groups:
+        return [f"{field}: {groups} groups do not divide resources.num_workers ({workers})"]
+    problems = []
+    if spec.parallel.strategy == "fsdp2":
+        problems.append(f"{field}: groups use DDP inside them; set parallel.strategy 'ddp'")
+    if spec.precision.dtype == "fp16":
+        # each group's loss scaler would skip steps of its own: the groups' weights would part
+        problems.append(f"{field}: not with precision.dtype fp16; use bf16")
     return problems
 
 

@@ -248,6 +248,15 @@ class FaultToleranceSpec(Section):
         "first step for this long after a worker group started, is a hang; None: max(120 s, 10 x "
         "the attempt's p95 time between logged steps), and max(600 s, that) before the first step",
     )
+    # docs/cluster.md, "Replica groups"
+    replica_groups: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="the workers in this many equal groups that train on through the loss of one "
+        "(torchft): the others go on with the smaller quorum and a replacement group heals from a live "
+        "peer; 1: one group, a lost worker restarts the job from its checkpoint",
+    )
     # docs/monitoring.md, "Stragglers"
     on_straggler: Literal["warn", "restart_excluding_node"] = Field(
         "warn",

@@ -2,6 +2,7 @@
 
     driver_node       the node the attempt's controller runs on (most of the job's workers)
     label_selectors   one `ray.io/node-id` selector per worker, from the service's placement
+    launch_problems   what a spec asks that attempts on Ray cannot run yet
     preflight         storage writable, the checkpoint to resume there, the data where it runs
     head_node_id      the cluster's head (CPU ranks there train in the background)
     describe_failure  a failed run's error as the summary needs it
@@ -18,6 +19,16 @@ from core import storage
 from core.spec import JobSpec
 
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's built-in label: every node carries its own id
+
+
+def launch_problems(spec: JobSpec) -> list[str]:
+    """What `spec` asks that the service and `orchestrator run` cannot run yet ('path: reason')."""
+    if spec.fault_tolerance.replica_groups > 1:
+        return [
+            "fault_tolerance.replica_groups: replica groups run under torchrun for now, one torchrun per "
+            "group with a torchft lighthouse (docs/cluster.md#replica-groups); on Ray, a job has one group"
+        ]
+    return []
 
 
 def driver_node(placement: dict[str, int]) -> str | None:

@@ -1,0 +1,179 @@
+"""Replica groups (workers/replicas.py) on torchft's real lighthouse and gloo: two groups of one
+process (tests/replicas_worker.py) train as one; a job's groups under torchrun train on through
+one killed with SIGKILL, and a new group heals from the other, as the metrics log and the
+groups' own summaries show."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "replicas_worker.py"
+
+
+@pytest.fixture
+def lighthouse():
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=2000)
+    try:
+        yield server.address()
+    finally:
+        server.shutdown()
+
+
+def start_group(group: int, steps: int, out: Path, lighthouse: str) -> subprocess.Popen:
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse}
+    log = open(out.with_suffix(".stderr"), "a")
+    command = [sys.executable, str(WORKER), str(group), str(steps), str(out)]
+    return subprocess.Popen(command, env=env, stderr=log)
+
+
+def lines(out: Path) -> list[dict]:
+    if not out.exists():
+        return []
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def wait_for(predicate, what: str, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, what
+        time.sleep(0.1)
+
+
+def finish(proc: subprocess.Popen, out: Path) -> None:
+    assert proc.wait(timeout=180) == 0, out.with_suffix(".stderr").read_text()[-3000:]
+
+
+def committed_steps(records: list[dict]) -> list[int]:
+    return [r["step"] for r in records if r.get("committed")]
+
+
+def healed_steps(records: list[dict]) -> list[int]:
+    return max((r["healed_at"] for r in records if "healed_at" in r), key=len, default=[])
+
+
+def final_weights(records: list[dict]) -> list[float]:
+    [final] = [r["final"] for r in records if "final" in r]
+    return final
+
+
+def test_two_groups_train_as_one_and_end_with_the_same_weights(tmp_path, lighthouse):
+    outs = [tmp_path / f"group{g}.jsonl" for g in (0, 1)]
+    procs = [start_group(g, 30, outs[g], lighthouse) for g in (0, 1)]
+    for proc, out in zip(procs, outs):
+        finish(proc, out)
+    records = [lines(out) for out in outs]
+    for group in records:
+        steps, healed = committed_steps(group), healed_steps(group)
+        assert steps == list(range(steps[0], 31))  # each step once, none lost
+        # a group that came late healed; at step 0 torchft may sync the groups' initial weights
+        assert healed == [steps[0] - 1] if steps[0] > 1 else healed in ([], [0])
+    both = [r for r in records[0] if r.get("committed") and r["participants"] == 2]
+    assert len(both) >= 20  # after the lighthouse's join window, every step is a step of both
+    leaders: dict[int, int] = {}
+    for group in records:
+        for r in group:
+            if r.get("committed"):
+                leaders[r["step"]] = leaders.get(r["step"], 0) + r["leads"]
+    assert set(leaders.values()) == {1}  # each step, one group leads (writes the job's log)
+    assert final_weights(records[0]) == pytest.approx(final_weights(records[1]), abs=1e-6)
+
+
+# -- a job's replica groups under torchrun (workers/run.py, one torchrun per group) ----------
+
+JOB_STEPS = 200  # at 0.3 s a step until the test says go: a minute to act in
+
+
+def start_torchrun_group(group: int, tmp_path: Path, lighthouse: str, faults: Path, log: str):
+    sets = [
+        "fault_tolerance.replica_groups=2",
+        f"train.steps={JOB_STEPS}",
+        "train.eval_every=100",
+        "metrics.log_every=1",
+        "checkpoint.every_steps=100",
+        f"checkpoint.storage={tmp_path / 'runs'}",
+        "name=groups",
+    ]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+    command += ["-m", "workers.run", "jobs/convnet.yaml", *[a for s in sets for a in ("--set", s)]]
+    command += ["--summary", str(tmp_path / f"group{group}-{time.monotonic_ns()}.json")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TORCHFT_LIGHTHOUSE": lighthouse,
+        "REPLICA_GROUP_ID": str(group),
+        "ORCHESTRATOR_TEST_FAULTS": str(faults),  # paced until the test says go (workers/faults.py)
+    }
+    out = open(tmp_path / log, "a")
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+
+
+def shown_step(log: Path) -> int:
+    """The newest step a group's progress line shows (its rank 0 prints one every second or so)."""
+    shown = re.findall(r"\[groups\] step (\d+)/", log.read_text()) if log.exists() else []
+    return int(shown[-1]) if shown else 0
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL to a torchrun and its workers (torchrun starts them in sessions of their own)."""
+    import psutil
+
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for process in tree:
+        process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(tree, timeout=30)
+
+
+def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_other(tmp_path, lighthouse):
+    from core.metrics_log import read_metrics
+
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "groups").write_text("paced=0.3\n")  # slow, whatever the machine, until go
+    run = str(tmp_path / "runs" / "groups")
+
+    def steps() -> list[int]:
+        try:
+            return [r["step"] for r in read_metrics(run) if "loss" in r]
+        except (FileNotFoundError, OSError):
+            return []
+
+    survivor = start_torchrun_group(0, tmp_path, lighthouse, faults, "group0.log")
+    doomed = start_torchrun_group(1, tmp_path, lighthouse, faults, "group1.log")
+    replacement = None
+    try:
+        wait_for(lambda: shown_step(tmp_path / "group1.log") >= 10, "group 1 showed no step 10")
+        kill_tree(doomed)  # the group's torchrun and its worker, at once
+        doomed.wait()
+        first = tmp_path / "group0.log"
+        at_kill = shown_step(first)
+        wait_for(lambda: shown_step(first) >= at_kill + 5, "the other group stopped training")
+        replacement = start_torchrun_group(1, tmp_path, lighthouse, faults, "group1-new.log")
+        healed = tmp_path / "group1-new.log"
+        wait_for(lambda: "group 1 healed from a peer" in healed.read_text(), "not healed", timeout=180)
+        (faults / "groups.go").write_text("")
+        assert survivor.wait(timeout=300) == 0, (tmp_path / "group0.log").read_text()[-3000:]
+        assert replacement.wait(timeout=300) == 0, healed.read_text()[-3000:]
+    finally:
+        for proc in (survivor, doomed, replacement):
+            if proc is not None and proc.poll() is None:
+                kill_tree(proc)
+    assert steps() == list(range(1, JOB_STEPS + 1))  # each step once: none lost, none repeated
+    [healed_at] = re.findall(r"group 1 healed from a peer at step (\d+)", healed.read_text())
+    assert int(healed_at) >= at_kill + 5  # it joined at the survivor's step, not from a checkpoint
+    summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("group*.json"))]
+    # the survivor's and the replacement's; the killed group never ended
+    assert [(s["status"], s["steps"]) for s in summaries] == [("succeeded", JOB_STEPS)] * 2
+    assert (tmp_path / "runs" / "groups" / f"checkpoint_{JOB_STEPS:08d}" / "trainer.pt").is_file()
+    assert summaries[0]["eval"] == summaries[1]["eval"]  # the same model in both groups at the end
