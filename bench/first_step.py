@@ -13,9 +13,12 @@ which goes first, the same 1-worker job (jobs/convnet.yaml, `resources.num_worke
 Each stage is read from what the party that reached it recorded, not from the service's
 account of itself: the submit command's return (this script), the admission (the job's record
 in the store), the attempt controller's and the worker's processes (Ray's actor table and each
-process's start time from the kernel), and the worker's own `startup` in its summary (its
-process group, its data, its model, its first step). Printed: each stage's median seconds from
-the start, and the ratio of the medians of the first step (goal: at most 1.5).
+process's start time from the kernel), the worker's own `startup` in its summary (its
+process group, its data, its model, its first step), and, inside Ray's processes, Ray's own
+task events (`ray.timeline()`: the controller constructed, its run, the service's admission
+call, the worker constructed, its Ray Train context, its process group joined). Printed: each
+stage's median seconds from the start, and the ratio of the medians of the first step (goal:
+at most 1.5).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def worker_stages(summary: dict, zero: float) -> dict[str, float]:
 
 def through_service(cli, store: Path, runs: Path, name: str, steps: int, actors) -> dict:
     zero = time.time()
+    ZEROS.append(zero)
     sent = cli("submit", "jobs/convnet.yaml", *with_sets(job_sets(runs, name, steps)))
     stages = {"submit returned": time.time() - zero}
     if sent.returncode != 0:
@@ -147,6 +151,7 @@ def main() -> int:
                     f"pair {i} {kind}: " + fmt(service[-1] if kind == "service" else torchrun[-1]), flush=True
                 )
         watcher.stop()
+        add_ray_stages(service, head.address)
         cli("down")
     finally:
         stop_ray_head(head)
@@ -196,6 +201,63 @@ class ActorWatcher:
                 found.append(("worker", process_start(newest["pid"])))
 
 
+ZEROS: list[float] = []  # when each job through the service was submitted
+
+
+def add_ray_stages(service: list[dict], address: str) -> None:
+    """Each service job's stages inside Ray's processes, from Ray's own task events
+    (`ray.timeline()`): the controller's construction and its `run`, the service's check-in
+    calls, the worker's construction, its Ray Train context, and its longest call before the
+    training function (the process group joined, torch imported)."""
+    import ray
+
+    ray.init(address=address, logging_level="ERROR")
+    try:
+        events = [e for e in ray.timeline() if e.get("ph") == "X"]
+    finally:
+        ray.shutdown()
+    for stages, zero in zip(service, ZEROS):
+        end = zero + stages["worker first_step"]
+        stages.update(ray_stages([e for e in events if zero <= e["ts"] / 1e6 <= end], zero))
+
+
+def ray_stages(events: list[dict], zero: float) -> dict[str, float]:
+    def start(e: dict) -> float:
+        return e["ts"] / 1e6 - zero
+
+    def end(e: dict) -> float:
+        return (e["ts"] + e["dur"]) / 1e6 - zero
+
+    by_worker: dict[str, list[dict]] = {}
+    for e in events:
+        by_worker.setdefault(e["tid"], []).append(e)
+
+    def worker_with(named) -> list[dict]:  # the events of the process that ran a call so named
+        return next((es for es in by_worker.values() if any(named(e["name"]) for e in es)), [])
+
+    def first(mine: list[dict], named, at=end) -> float:
+        return min(at(e) for e in mine if named(e["name"]))
+
+    stages = {}
+    controller = worker_with(lambda name: "AttemptController.run" in name)
+    if controller:
+        stages["ray: controller constructed"] = first(controller, lambda name: name == "__init__")
+        run = first(controller, lambda name: "AttemptController.run" in name, at=start)
+        stages["ray: controller's run started"] = run
+    admission = [e for e in events if e["name"] == "admission"]
+    if admission:
+        stages["ray: checked in (the service's admission call)"] = end(admission[0])
+    worker = worker_with(lambda name: name == "init_train_context")
+    if worker:
+        stages["ray: worker constructed"] = first(worker, lambda name: name == "__init__")
+        stages["ray: worker's train context set"] = first(worker, lambda name: name == "init_train_context")
+        calls = [e for e in worker if e["name"] == "execute"]
+        if calls:
+            longest = max(calls, key=lambda e: e["dur"])
+            stages["ray: worker's process group joined (torch imported)"] = end(longest)
+    return stages
+
+
 def fmt(stages: dict) -> str:
     return ", ".join(f"{k} {v:.2f}" for k, v in stages.items())
 
@@ -209,7 +271,7 @@ def report(service: list[dict], torchrun: list[dict], args) -> None:
     ratio = through["worker first_step"] / alone["worker first_step"]
     print(f"\nseconds from the start, median of {args.pairs} of each (1 worker, {args.steps} steps):")
     print("  through the service (orchestrator submit):")
-    for stage, value in through.items():
+    for stage, value in sorted(through.items(), key=lambda item: item[1]):
         print(f"    {value:6.2f}  {stage}")
     print("  under torchrun:")
     for stage, value in alone.items():
