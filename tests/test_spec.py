@@ -30,6 +30,18 @@ def problems_for(mutate) -> list[str]:
     return problems
 
 
+def groups(num_workers=2, strategy="ddp", batch_size=64, dtype="fp32"):
+    """A spec of two replica groups, less what the case changes."""
+    fields = {
+        "resources.num_workers": num_workers,
+        "parallel.strategy": strategy,
+        "data.batch_size": batch_size,
+        "precision.dtype": dtype,
+        "fault_tolerance.replica_groups": 2,
+    }
+    return lambda raw: [setter(path, value)(raw) for path, value in fields.items()]
+
+
 def setter(path: str, value):
     def mutate(raw):
         node = raw
@@ -118,44 +130,10 @@ BAD_FIELDS = [
     (setter("fault_tolerance.hang_timeout_s", 1), "fault_tolerance.hang_timeout_s", "allowed: 5 to"),
     (setter("fault_tolerance.on_straggler", "ignore"), "fault_tolerance.on_straggler", "'warn'"),
     (setter("fault_tolerance.replica_groups", 0), "fault_tolerance.replica_groups", "allowed: 1 to 64"),
-    (
-        lambda raw: (
-            setter("resources.num_workers", 3)(raw),
-            setter("parallel.strategy", "ddp")(raw),
-            setter("data.batch_size", 48)(raw),
-            setter("fault_tolerance.replica_groups", 2)(raw),
-        ),
-        "fault_tolerance.replica_groups",
-        "2 groups do not divide resources.num_workers (3)",
-    ),
-    (
-        lambda raw: (
-            setter("resources.num_workers", 2)(raw),
-            setter("parallel.strategy", "fsdp2")(raw),
-            setter("fault_tolerance.replica_groups", 2)(raw),
-        ),
-        "fault_tolerance.replica_groups",
-        "set parallel.strategy 'ddp'",
-    ),
-    (
-        lambda raw: (
-            setter("resources.num_workers", {"min": 2, "max": 4})(raw),
-            setter("parallel.strategy", "ddp")(raw),
-            setter("fault_tolerance.replica_groups", 2)(raw),
-        ),
-        "fault_tolerance.replica_groups",
-        "not with an elastic resources.num_workers",
-    ),
-    (
-        lambda raw: (
-            setter("resources.num_workers", 2)(raw),
-            setter("parallel.strategy", "ddp")(raw),
-            setter("precision.dtype", "fp16")(raw),
-            setter("fault_tolerance.replica_groups", 2)(raw),
-        ),
-        "fault_tolerance.replica_groups",
-        "not with precision.dtype fp16",
-    ),
+    (groups(num_workers=3, batch_size=48), "fault_tolerance.replica_groups", "2 groups do not divide"),
+    (groups(strategy="fsdp2"), "fault_tolerance.replica_groups", "set parallel.strategy 'ddp'"),
+    (groups(num_workers={"min": 2, "max": 4}), "fault_tolerance.replica_groups", "not with an elastic"),
+    (groups(dtype="fp16"), "fault_tolerance.replica_groups", "not with precision.dtype fp16"),
     (setter("scheduling.priority", 5000), "scheduling.priority", "5000 is out of range; allowed: 0 to 1000"),
     (setter("metrics.prometheus_port", 9100), "metrics.prometheus_port", "unknown field"),  # removed
     (setter("scheduling.queue", "Fast Lane"), "scheduling.queue", "lowercase letters"),
