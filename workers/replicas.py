@@ -77,6 +77,8 @@ class Replicas:
         # the job's log as this group starts to write it (`join` sets the loop's)
         self.log_from_here: Callable[[], list[dict]] = list
         self._healed = False  # since the loop last asked
+        self.steps_retried = 0
+        self.steps_degraded = 0
         pg = ProcessGroupGloo(timeout=TIMEOUT)
         self.manager = Manager(
             pg=pg,
@@ -131,7 +133,22 @@ class Replicas:
 
     def commit(self) -> bool:
         """Whether every group of the quorum got through the step (then the optimizer steps)."""
-        return self.manager.should_commit()
+        committed = self.manager.should_commit()
+        if not committed:
+            self.steps_retried += 1
+        elif self.participants < self.groups:
+            self.steps_degraded += 1
+        return committed
+
+    def summary(self) -> dict:
+        """This group's part in the run's summary."""
+        return {
+            "group": self.group,
+            "groups": self.groups,
+            "healed_at": self.healed_at,
+            "steps_retried": self.steps_retried,  # a group lost mid-step: the step again
+            "steps_degraded": self.steps_degraded,  # taken with fewer groups than the job has
+        }
 
     def stop_agreed(self, code: int) -> int:
         """A stop request of any group (the largest code), the same in every group."""

@@ -284,5 +284,7 @@ class Trainer:
             "checkpoints_left": checkpointer.left_in_place(),
             "startup": self.startup,
         }
+        if self.replicas is not None:
+            summary["replica_group"] = self.replicas.summary()
         summary.update({key: extra() for key, extra in self.summary_extras.items()})
         return summary
