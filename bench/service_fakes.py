@@ -13,6 +13,7 @@ import math
 import random
 
 from orchestrator.client import attempt_name
+from orchestrator.ray.launcher import driver_node
 from orchestrator.ray.node_health import HealthChecks
 from orchestrator.service.cluster_access import ClusterAccess
 
@@ -29,10 +30,12 @@ class FakeRunner:
     def __init__(self):
         self.status: dict[str, str] = {}
 
-    def launch(self, job_id: str, attempt: int, package_uri: str, placement: dict) -> str:
+    def launch(
+        self, job_id: str, attempt: int, package_uri: str, placement: dict, groups: int = 1
+    ) -> tuple[str, str | None]:
         sid = attempt_name(job_id, attempt)
         self.status[sid] = "RUNNING"
-        return sid
+        return sid, driver_node(placement)
 
     def stop(self, sid: str) -> None:
         self.status[sid] = "STOPPED"

@@ -87,6 +87,10 @@ class Ledger:
     pending: list[int] = field(default_factory=list)  # checkpoints ahead of the records
     run: list | None = None  # the run (attempt, worker group) whose start `began` has seen
     group: list | None = None  # the newest worker group restart `regrouped` has seen
+    # a job of replica groups that trained on without one of them: time beside the buckets
+    # (it is training time, at less than the job's size), from the loss to the heal
+    degraded_s: float = 0.0
+    degraded_since: float | None = None
 
     def __post_init__(self):
         if self.at is None:
@@ -259,6 +263,21 @@ class Ledger:
     def goodput(self, now: float, mfu: float | None = None) -> Goodput:
         return Goodput.of(self.buckets(now), mfu)
 
+    def degraded(self, now: float) -> None:
+        """A replica group was lost and the others train on."""
+        if self.degraded_since is None:
+            self.degraded_since = now
+
+    def whole(self, now: float) -> None:
+        """Every replica group trains again (or the attempt ended)."""
+        if self.degraded_since is not None:
+            self.degraded_s += max(now - self.degraded_since, 0.0)
+            self.degraded_since = None
+
+    def degraded_seconds(self, now: float) -> float:
+        since = self.degraded_since
+        return self.degraded_s + (max(now - since, 0.0) if since is not None else 0.0)
+
     def view(self, now: float, mfu: float | None = None) -> dict[str, Any]:
         """What the CLI, the page and the exporter show: {"buckets": {bucket: s}, "wall_s",
         "gpu_seconds" (all buckets), "goodput": {"scheduling", "runtime", "program", "time"}}."""
@@ -269,6 +288,7 @@ class Ledger:
             "wall_s": wall_s,
             "gpu_seconds": wall_s * self.workers * self.gpus_per_worker,
             "goodput": Goodput.of(buckets, mfu).as_dict(),  # of the same buckets, charged once
+            "degraded_s": self.degraded_seconds(now),  # with fewer replica groups than it has
         }
 
     # -- storage ------------------------------------------------------------------------------

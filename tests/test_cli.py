@@ -282,14 +282,14 @@ def test_the_orders_clients_name_are_the_schemas():
     assert typing.get_args(Order) == ORDERS
 
 
-def test_replica_groups_validate_and_are_refused_on_ray_with_the_way_that_runs_them(cli):
+def test_replica_groups_validate_and_the_service_takes_them(cli):
     groups = [str(ROOT / "jobs/convnet.yaml"), "--set", "fault_tolerance.replica_groups=2"]
     assert cli("validate", *groups).returncode == 0
-    result = cli("run", *groups)  # refused before it looks for a cluster
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "fault_tolerance.replica_groups: replica groups run under torchrun for now" in result.stderr
-    from core.spec import SpecError, load_spec
+    from core.spec import load_spec
     from orchestrator.service.sent_spec import checked
 
-    with pytest.raises(SpecError, match="one torchrun per group"):  # what the service answers a submit
-        checked(load_spec(groups[0], ["fault_tolerance.replica_groups=2"]))
+    spec = checked(load_spec(groups[0], ["fault_tolerance.replica_groups=2"]))  # a submit's check
+    assert spec.fault_tolerance.replica_groups == 2
+    uneven = cli("validate", groups[0], "--set", "fault_tolerance.replica_groups=3")
+    assert uneven.returncode == 2 and "Traceback" not in uneven.stderr
+    assert uneven.stderr.startswith("error: fault_tolerance.replica_groups:"), uneven.stderr

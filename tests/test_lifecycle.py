@@ -14,6 +14,7 @@ import pytest
 
 from core.jobs import TRANSITIONS, IllegalTransition, JobState, check_transition
 from core.spec import validate
+from orchestrator.ray.launcher import driver_node
 from orchestrator.service import lifecycle, progress
 from orchestrator.service.lifecycle import PROGRESS_SAVE_S, Lifecycle
 from orchestrator.service.live import LiveMetrics
@@ -213,9 +214,9 @@ class Launches:
     def __init__(self):
         self.started: list[tuple[str, dict]] = []
 
-    def launch(self, job_id, attempt, package, placement):
+    def launch(self, job_id, attempt, package, placement, groups=1):
         self.started.append((f"{job_id}-a{attempt}", dict(placement)))
-        return self.started[-1][0]
+        return self.started[-1][0], driver_node(placement)
 
 
 def test_the_service_starts_one_driver_per_attempt_on_the_jobs_own_node(tmp_path):

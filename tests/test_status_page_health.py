@@ -151,3 +151,38 @@ def test_node_ids_and_addresses_are_shown_as_text_never_as_markup(browser):
         assert page_errors(browser) == []
     finally:
         server.stop()
+
+
+def test_job_view_shows_its_replica_groups_a_lost_one_and_its_replacement_healed(browser):
+    """A job of two replica groups: one lost (its node died), the other training; then a new
+    group placed on another node, healed from the live one. The service's placement decides
+    that a group is lost, whatever the attempt last said of it."""
+    source = FakeService()
+    trains = {"state": "training", "started_at": 100.0, "joined_at": 104.0, "nodes": [NODE_A]}
+    stale = {"state": "training", "started_at": 100.0, "joined_at": 103.5, "nodes": [NODE_B]}
+    with source.lock:
+        source.jobs[VIT].update(group_placements=[{NODE_A: 1}, {}], replica_groups={"0": trains, "1": stale})
+    server, url = serve(make_app(source), "127.0.0.1", 0)
+    try:
+        clean_console(browser)
+        [line] = open_job_warnings(browser, url, VIT, "vit-b16-imagenet")
+        assert line["kind"] == "replica-groups"
+        assert line["text"] == (
+            "Replica groups: 1 of 2 training · group 0 training, started in 4.0 s · "
+            "group 1 lost, waiting for nodes"
+        )
+        healed = {"state": "training", "started_at": 300.0, "joined_at": 303.0, "nodes": [NODE_C]}
+        healed.update(healed_at=305.5, healed_step=350)
+        with source.lock:
+            source.jobs[VIT].update(
+                group_placements=[{NODE_A: 1}, {NODE_C: 1}], replica_groups={"0": trains, "1": healed}
+            )
+        wait_for(lambda: "2 of 2" in browser.execute_script(READ_HEALTH)[0]["text"], what="the heal")
+        [line] = browser.execute_script(READ_HEALTH)
+        assert line["text"] == (
+            "Replica groups: 2 of 2 training · group 0 training, started in 4.0 s · group 1 training, "
+            "started in 3.0 s, healed from a peer at step 350 (5.5 s after its start)"
+        )
+        assert page_errors(browser) == []
+    finally:
+        server.stop()

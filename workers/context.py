@@ -89,6 +89,10 @@ class RunContext:
     def restore_metrics(self, history: list[dict]) -> None:
         """After a resume: the log as of the checkpoint replaces whatever came later."""
 
+    def replica_healed(self, step: int) -> None:
+        """This replica group loaded a peer's state and trains on from `step` (whoever watches
+        the job's groups is told)."""
+
     def settle_checkpoints(self) -> None:
         """Before the summary of a run that did not fail: every save is durable and pruned
         (bounded), so the summary names what pruning left in place."""

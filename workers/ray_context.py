@@ -31,7 +31,7 @@ import torch
 from core import storage
 from core.run_folder import checkpoint_name
 from core.spec import JobSpec
-from workers import checkpoint_upload, cpu_priority
+from workers import checkpoint_upload, cpu_priority, replicas
 from workers.checkpoint import CheckpointError
 from workers.context import RunContext, checkpoint_to_resume
 
@@ -52,9 +52,14 @@ class RayContext(RunContext):
     shows_progress = False
     rank_metrics_every_s = RANK_RECORD_EVERY_S
 
-    def __init__(self, spec: JobSpec, run: str, controller, head_node: str | None = None):
+    def __init__(
+        self, spec: JobSpec, run: str, controller, head_node: str | None = None, replica: dict | None = None
+    ):
         self.spec, self.name, self.controller = spec, run, controller
         self.head_node = head_node  # the cluster's head node's id, from the launcher
+        if replica is not None:  # one of the job's replica groups: which, and their lighthouse
+            self.replica_group = replica["group"]
+            os.environ[replicas.LIGHTHOUSE_ENV] = replica["lighthouse"]
         self.run_uri = storage.join(spec.checkpoint.storage, run)
         context = ray.train.get_context()
         self.rank = context.get_world_rank()
@@ -94,6 +99,7 @@ class RayContext(RunContext):
                 os.getpid(),
                 ray.util.get_node_ip_address(),
                 runtime.get_node_id(),
+                self.replica_group,
             )
         )
         self.restarts = self.group
@@ -190,8 +196,14 @@ class RayContext(RunContext):
         self.controller.log_rank.remote(self.group, self.rank, record)
 
     def restore_metrics(self, history: list[dict]) -> None:
-        if self.is_main:
+        if self.is_main and self.spec.fault_tolerance.replica_groups > 1:  # a group comes to lead
+            self.controller.lead.remote(self.group, history, self.resumed_from)
+        elif self.is_main:
             self.controller.restore.remote(self.group, history, self.resumed_from)
+
+    def replica_healed(self, step: int) -> None:
+        if self.is_main:
+            self.controller.healed.remote(self.replica_group, step, time.time())
 
     def _announce(self, step: int, uri: str, on_durable: Callable[[str], None]) -> None:
         # announced and pruned once every rank's part is there
@@ -247,7 +259,7 @@ def train_worker(config: dict) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if ray.get(controller.fatal.remote()) is not None:
         return  # an earlier worker group failed in a way a restart cannot fix: do not train again
-    ctx = RayContext(spec, config["run"], controller, config.get("head_node"))
+    ctx = RayContext(spec, config["run"], controller, config.get("head_node"), config.get("replica"))
     ctx.started = {"training_function": entered, "loop_imported": imported}
     try:
         summary = train(spec, ctx)

@@ -190,6 +190,7 @@ class Trainer:
         """The batches from this group's step on, after it healed to a peer's step."""
         if self.replicas is None or not self.replicas.take_healed():
             return batches
+        self.ctx.replica_healed(self.replicas.healed_at[-1])
         return self.batches.iterate(self.state.step)
 
     # -- the loop ----------------------------------------------------------------------

@@ -36,10 +36,12 @@ from core.spec import JobSpec
 from orchestrator import client
 from orchestrator.attempt import policy
 from orchestrator.attempt.listeners import Feed, Listener, MetricsLog, Mlflow, ServiceRecord, Terminal
+from orchestrator.attempt.runs import Runs
 from orchestrator.attempt.states import (
     Aborting,
     CheckpointSaved,
     Ended,
+    GroupChanged,
     Progress,
     RankRecord,
     Records,
@@ -71,14 +73,16 @@ class AttemptController:
         self.progress = Progress(total_steps=None)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # the workers' events, in order
         self.feed = Feed()  # what `orchestrator run` shows on its terminal
-        self.fit_thread: threading.Thread | None = None
-        self.fit_failure: dict | None = None  # how `fit()` failed (`launcher.describe_failure`)
+        self.runs: Runs | None = None  # Ray Train's `fit()` of each run, on threads of this process
         self.terminal: Terminal | None = None  # set when the attempt starts: it names the job
         self.record: ServiceRecord | None = None
         self.mlflow: Mlflow | None = None
         self.aborted = False  # ended at once: its workers end with this process
         # the workers' side: set by their calls
         self.groups: list[str] = []  # the placement group of each worker group, in order
+        self.latest: dict[int, int] = {}  # replica group -> its newest worker group's index
+        self.group_summaries: dict[int, dict] = {}  # with replica groups: each group's part
+        self.led = False  # with replica groups: a group has led (and so started the run)
         self.members: dict[int, dict[int, dict]] = {}  # group -> rank -> where it runs
         self.error: dict | None = None  # the first failure worth reporting
         self.workers_summary: dict | None = None  # rank 0's, at the end
@@ -181,19 +185,28 @@ class AttemptController:
         if isinstance(self.state, Aborting):  # its workers end with this process
             self._end(policy.aborted_summary(self.state, self.progress, self.spec.name, self.run_name))
             return
-        self.fit_thread.join(POLL_S)
+        self.runs.join(POLL_S)
         self._take_events()
-        if not self.fit_thread.is_alive():
+        if not self.runs.alive():
             self._take_events()  # what the workers said before fit() returned
             if self.record is not None:
                 self.record.report(self.progress, final=True)
-            end = policy.RunEnd(self.workers_summary, self.error, self.fit_failure, len(self.groups))
-            max_failures = self.spec.fault_tolerance.max_failures
-            self._end(policy.ended_summary(end, self.progress, self.spec.name, self.run_name, max_failures))
+            self._end(self._ended_summary())
         elif self.record is not None:
             request = self.record.report(self.progress)
+            self.runs.follow(self.record.group_placements)  # a lost replica group placed again
             if request is not None:
                 self._set_state(policy.after_stop_request(self.state, request))
+
+    def _ended_summary(self) -> dict:
+        replicas = self.runs.groups > 1  # a replaced group is no restart
+        worker_groups = 1 if replicas else len(self.groups)
+        end = policy.RunEnd(self.workers_summary, self.error, self.runs.failure(), worker_groups)
+        max_failures = self.spec.fault_tolerance.max_failures
+        summary = policy.ended_summary(end, self.progress, self.spec.name, self.run_name, max_failures)
+        if replicas:
+            summary["replica_groups"] = [self.group_summaries[g] for g in sorted(self.group_summaries)]
+        return summary
 
     def _take_events(self) -> None:
         while True:
@@ -226,17 +239,10 @@ class AttemptController:
             listener.state_changed(before, after, self.progress)
 
     def _start_fit(self, spec: JobSpec, run: str, placement: dict[str, int] | None) -> None:
-        """Ray Train's `fit()` on a thread of this process; this actor is the workers' controller."""
-        me = ray.get_runtime_context().current_actor
-
-        def fit() -> None:
-            try:
-                import_train_run().trainer(spec, run, me, placement).fit()
-            except BaseException as err:  # reported in the summary, with the workers' own reason
-                self.fit_failure = launcher.describe_failure(err)
-
-        self.fit_thread = threading.Thread(target=fit, name="fit", daemon=True)
-        self.fit_thread.start()
+        """Ray Train's `fit()` on threads of this process (one per replica group); this actor
+        is the workers' controller."""
+        self.runs = Runs(spec, run, ray.get_runtime_context().current_actor, self.inbox.put)
+        self.runs.start(placement)
 
     def _after_report(self, summary: dict, after: dict) -> None:
         """The service's verdict said, the summary printed, MLflow given its time."""
@@ -259,7 +265,7 @@ class AttemptController:
     def _end_process(self) -> None:
         """End this process, and with it an aborted run's controller loop and workers."""
         sys.stdout.flush()
-        if self.fit_thread is not None and self.fit_thread.is_alive():
+        if self.runs is not None and self.runs.alive():
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
             time.sleep(KILL_WAIT_S)
         ray.actor.exit_actor()
@@ -271,16 +277,28 @@ class AttemptController:
 
     # -- the workers' calls ----------------------------------------------------------------------
 
-    def join(self, group: str, rank: int, world_size: int, pid: int, node: str, node_id: str) -> int:
-        """A worker started; returns its group's number (0 for the first)."""
+    def join(
+        self, group: str, rank: int, world_size: int, pid: int, node: str, node_id: str, replica: int = 0
+    ) -> int:
+        """A worker of replica group `replica` started; returns its worker group's number (0
+        for the first)."""
         if group not in self.groups:
             self.groups.append(group)
         index = self.groups.index(group)
+        self.latest[replica] = index
         members = self.members.setdefault(index, {})
         members[rank] = {"pid": pid, "node": node, "node_id": node_id}
         if len(members) == world_size:
-            self.inbox.put(WorkersStarted(index, dict(sorted(members.items()))))
+            if self.runs is not None and self.runs.groups > 1:
+                nodes = sorted({m["node_id"] for m in members.values()})
+                joined = {"state": "training", "joined_at": time.time(), "nodes": nodes}
+                self.inbox.put(GroupChanged(replica, joined))
+            self.inbox.put(WorkersStarted(index, dict(sorted(members.items())), replica))
         return index
+
+    def healed(self, replica: int, step: int, at: float) -> None:
+        """Replica group `replica` loaded a peer's state and trains on from `step`."""
+        self.inbox.put(GroupChanged(replica, {"healed_step": step, "healed_at": at}))
 
     def restore(self, group: int, history: list[dict], resumed: dict | None = None) -> None:
         """The group (re)started from a checkpoint holding `history`, or from scratch ([]);
@@ -293,6 +311,18 @@ class AttemptController:
         step = resumed["step"] if resumed.get("checkpoint") else max(steps, default=0)
         self.inbox.put(Rewound(list(history)))
         self.inbox.put(RunStarted(group, step, resumed.get("checkpoint"), resumed.get("skipped") or []))
+
+    def lead(self, group: int, history: list[dict], resumed: dict | None = None) -> None:
+        """With replica groups: worker group `group` leads now and writes the job's log from
+        `history` on; the first to lead started the run (from `resumed`'s checkpoint, or 0)."""
+        if not self._current(group):
+            return
+        self.inbox.put(Rewound(list(history)))
+        if not self.led:
+            self.led = True
+            resumed = resumed or {}
+            step = resumed["step"] if resumed.get("checkpoint") else 0
+            self.inbox.put(RunStarted(group, step, resumed.get("checkpoint"), resumed.get("skipped") or []))
 
     def log(self, group: int, records: list[dict]) -> None:
         if self._current(group):  # else: from a worker group that has since been replaced
@@ -318,10 +348,16 @@ class AttemptController:
         return self.stop
 
     def finish(self, summary: dict) -> None:
+        part = summary.get("replica_group")
+        if part is not None:  # each group's rank 0 reports; the groups trained the same steps
+            self.group_summaries[part["group"]] = part
+            if self.workers_summary is not None and summary["status"] == "failed":
+                return
         self.workers_summary = summary
 
     def _current(self, group: int) -> bool:
-        return group == len(self.groups) - 1
+        """Whether worker group `group` is the newest of its replica group (else it was replaced)."""
+        return group in self.latest.values()
 
 
 def import_train_run():

@@ -52,6 +52,7 @@ class ServiceRecord(Listener):
         self.unreported: list[dict] = []  # records the service has not seen yet
         self.rewound = False  # the log was rewound since the last report
         self.reported_at = 0.0
+        self.group_placements: list[dict] | None = None  # with replica groups: where each is placed
 
     def event(self, event: Any, progress: Progress) -> None:
         if isinstance(event, Rewound):
@@ -70,6 +71,7 @@ class ServiceRecord(Listener):
         except client.ServiceError:
             return None
         self.unreported, self.rewound, self.reported_at = [], False, time.time()
+        self.group_placements = reply.get("groups") or self.group_placements
         return StopRequested(reply["stop"], reply.get("reason")) if reply.get("stop") else None
 
     def finished(self, summary: dict) -> dict:

@@ -98,8 +98,9 @@ def name(state: State | type) -> str:
 
 @dataclass
 class WorkersStarted:
-    group: int  # 0 for the first worker group, n for its n-th restart
+    group: int  # 0 for the first worker group, n for its n-th restart (or replacement)
     members: dict[int, dict]  # rank -> {"pid", "node", "node_id"}
+    replica: int = 0  # its replica group (fault_tolerance.replica_groups)
 
 
 @dataclass
@@ -145,6 +146,15 @@ class WorkerFailed:
 
 
 @dataclass
+class GroupChanged:
+    """One of the job's replica groups started, joined, healed from a peer, or was lost:
+    `fields` (its "state" and when) update what the attempt shows of it."""
+
+    group: int
+    fields: dict
+
+
+@dataclass
 class StopRequested:
     """From the service (its reply to a report), or from the driver of `orchestrator run`:
     "stop", "preempt" or "abort", and why."""
@@ -153,7 +163,16 @@ class StopRequested:
     reason: str | None = None
 
 
-Event = WorkersStarted | RunStarted | CheckpointSaved | Records | RankRecord | Rewound | WorkerFailed
+Event = (
+    WorkersStarted
+    | RunStarted
+    | CheckpointSaved
+    | Records
+    | RankRecord
+    | Rewound
+    | WorkerFailed
+    | GroupChanged
+)
 
 
 # -- progress -------------------------------------------------------------------------------------
@@ -175,9 +194,16 @@ class Progress:
     step_times: list[tuple[float, int]] = field(default_factory=list)  # (time, step), newest 20
     ranks: dict[int, dict] = field(default_factory=dict)  # the newest record of each rank but 0
     workers: dict[int, dict] = field(default_factory=dict)  # rank -> where it runs, current group
+    # with replica groups: group -> {"state", "nodes", "started_at", "joined_at", "healed_at", ...}
+    replica_groups: dict[int, dict] = field(default_factory=dict)
 
     def apply(self, event: Any) -> None:
-        if isinstance(event, WorkersStarted):
+        if isinstance(event, WorkersStarted) and self.replica_groups:
+            # one of several groups: its ranks after those of the groups before it
+            self.workers_started = True
+            size = len(event.members)
+            self.workers.update({event.replica * size + r: where for r, where in event.members.items()})
+        elif isinstance(event, WorkersStarted):
             self.workers_started, self.restarts = True, event.group
             self.ranks, self.workers = {}, dict(event.members)
             self.start_step = None  # until the group has loaded its start
@@ -188,6 +214,10 @@ class Progress:
                 self.resumed_from = event.step
         elif isinstance(event, CheckpointSaved):
             self.last_checkpoint, self.checkpoint_step = event.uri, event.step
+        elif isinstance(event, GroupChanged) and event.fields.get("state") == "starting":
+            self.replica_groups[event.group] = dict(event.fields)  # a new group: the lost one's past goes
+        elif isinstance(event, GroupChanged):
+            self.replica_groups.setdefault(event.group, {}).update(event.fields)
         elif isinstance(event, RankRecord):
             self.ranks[event.rank] = event.record
         elif isinstance(event, Records):
@@ -218,4 +248,10 @@ class Progress:
             "start_time": self.start_time,
             "ranks": self.ranks,
             "workers": self.workers,  # where each rank runs: hang stacks, straggler nodes
+            **self._groups_report(),
         }
+
+    def _groups_report(self) -> dict:
+        if not self.replica_groups:
+            return {}
+        return {"replica_groups": {str(g): dict(v) for g, v in sorted(self.replica_groups.items())}}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 
 from orchestrator.client import is_attempt_of
 from orchestrator.commands.job_logs import handle_logs
@@ -114,6 +115,8 @@ def print_queued_job(job: dict) -> None:
     if job.get("ledger"):
         bar, spent = ledger_lines(job["ledger"])
         print(f"  time:       {bar}\n              {spent}")
+    for line in replica_group_lines(job, time.time()):
+        print(line)
     if job.get("note") or job.get("reason"):
         print(f"  note:       {job.get('note') or job.get('reason')}")
     if job.get("mlflow"):  # its MLflow run lacks records while the server does not answer
@@ -135,6 +138,34 @@ def print_queued_job(job: dict) -> None:
         print(f"    {when(event['time'])}  {event['event']}" + (f" ({detail})" if detail else ""))
         for rank, frame in sorted((ranks or {}).items(), key=lambda item: int(item[0])):
             print(f"        rank {rank} was in {frame or 'no frame of the training code'}")
+
+
+def replica_group_lines(job: dict, now: float) -> list[str]:
+    """A job of replica groups: how many train, and each group's start and heal, or its loss
+    (the service's word: a group without nodes was lost, whatever its attempt last said)."""
+    groups, placed = job.get("replica_groups") or {}, job.get("group_placements") or []
+    if not placed:
+        return []
+    states = [groups.get(str(i), {}).get("state") if nodes else "lost" for i, nodes in enumerate(placed)]
+    degraded = (job.get("ledger") or {}).get("degraded_s") or 0.0
+    head = f"  groups:     {states.count('training')} of {len(placed)} training"
+    lines = [head + (f", degraded {duration_text(degraded)}" if degraded else "")]
+    for index, nodes in enumerate(placed):
+        g = groups.get(str(index), {})
+        if not nodes:
+            lost_at = g.get("lost_at")
+            ago = f" {duration_text(now - lost_at)} ago" if lost_at else ""
+            lines.append(f"    group {index}: lost{ago}, waiting for nodes")
+            continue
+        where = ", ".join(n[:8] for n in sorted(nodes))
+        text = f"    group {index}: {states[index] or 'starting'} on {where}"
+        if g.get("joined_at") and g.get("started_at"):
+            text += f", started in {g['joined_at'] - g['started_at']:.1f} s"
+        if g.get("healed_at") and g.get("started_at"):
+            text += f", healed from a peer at step {g['healed_step']}"
+            text += f" ({g['healed_at'] - g['started_at']:.1f} s after its start)"
+        lines.append(text)
+    return lines
 
 
 @with_cluster_errors

@@ -18,15 +18,13 @@ def register(sub) -> None:
     parser.set_defaults(handler=handle)
 
 
-def load_runnable(path: str, overrides: list[str], on_ray: bool = True) -> JobSpec:
+def load_runnable(path: str, overrides: list[str]) -> JobSpec:
     """The spec, checked as `validate` checks it (schema and model/data registries), or
-    SpecError; `on_ray`: and runnable by the service and `orchestrator run`. Data
-    availability is checked where the job runs, not here."""
+    SpecError. Data availability is checked where the job runs, not here."""
     spec = load_spec(path, overrides)
-    from orchestrator.ray.launcher import launch_problems
     from workers.checks import job_problems  # the data plane's model registry (torch): after reading
 
-    problems = job_problems(spec) + (launch_problems(spec) if on_ray else [])
+    problems = job_problems(spec)
     if problems:
         raise SpecError(problems, path)
     return spec

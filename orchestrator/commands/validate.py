@@ -26,7 +26,7 @@ def handle(args) -> int:
     status = 0
     for path in args.spec:
         try:
-            spec = load_runnable(path, args.overrides, on_ray=False)  # a spec for torchrun too
+            spec = load_runnable(path, args.overrides)
         except SpecError as err:
             for line in str(err).splitlines():
                 print(f"error: {line}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
     driver_node       the node the attempt's controller runs on (most of the job's workers)
     label_selectors   one `ray.io/node-id` selector per worker, from the service's placement
-    launch_problems   what a spec asks that attempts on Ray cannot run yet
+    group_placements  a placement split into a job's replica groups, one node set each
     preflight         storage writable, the checkpoint to resume there, the data where it runs
     head_node_id      the cluster's head (CPU ranks there train in the background)
     describe_failure  a failed run's error as the summary needs it
@@ -21,14 +21,27 @@ from core.spec import JobSpec
 NODE_ID_LABEL = "ray.io/node-id"  # Ray's built-in label: every node carries its own id
 
 
-def launch_problems(spec: JobSpec) -> list[str]:
-    """What `spec` asks that the service and `orchestrator run` cannot run yet ('path: reason')."""
-    if spec.fault_tolerance.replica_groups > 1:
-        return [
-            "fault_tolerance.replica_groups: replica groups run under torchrun for now, one torchrun per "
-            "group with a torchft lighthouse (docs/cluster.md#replica-groups); on Ray, a job has one group"
-        ]
-    return []
+def group_placements(placement: dict[str, int], groups: int) -> list[dict[str, int]]:
+    """{node: workers} split into `groups` equal groups, in the order of `label_selectors`
+    (by node id): a node that holds workers of two groups takes both with it when it dies."""
+    labels = [node for node, count in sorted(placement.items()) for _ in range(count)]
+    size = len(labels) // groups
+    split = []
+    for group in range(groups):
+        nodes: dict[str, int] = {}
+        for node in labels[group * size : (group + 1) * size]:
+            nodes[node] = nodes.get(node, 0) + 1
+        split.append(nodes)
+    return split
+
+
+def union(placements: list[dict[str, int]]) -> dict[str, int]:
+    """The job's placement: its groups' together."""
+    nodes: dict[str, int] = {}
+    for placement in placements:
+        for node, count in placement.items():
+            nodes[node] = nodes.get(node, 0) + count
+    return dict(sorted(nodes.items()))
 
 
 def driver_node(placement: dict[str, int]) -> str | None:

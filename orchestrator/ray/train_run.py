@@ -11,7 +11,8 @@
                        workers/checkpoint_files.py), and Ray's own list of them is removed
                        before each run (core/run_folder.py)
     fault_tolerance -> FailureConfig(max_failures): a failed worker group restarts from the
-                       newest complete checkpoint
+                       newest complete checkpoint; with replica groups, one run per group, each
+                       of its share of the workers, replaced by the attempt when it is lost
 
 The trainer is Ray Train's `DataParallelTrainer` less what the product does without
 (`internals.lean_trainer`), with `ProcessGroupConfig`: `TorchConfig`'s set-up with torch
@@ -45,8 +46,16 @@ log = logging.getLogger("orchestrator")
 SHUTDOWN_TIMEOUT_S = DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S
 
 
-def trainer(spec: JobSpec, run: str, controller, placement: dict[str, int] | None = None):
-    """The attempt's Ray Train trainer; `controller`: the handle the workers call."""
+def trainer(
+    spec: JobSpec,
+    run: str,
+    controller,
+    placement: dict[str, int] | None = None,
+    replica: dict | None = None,
+):
+    """The attempt's Ray Train trainer; `controller`: the handle the workers call. With replica
+    groups, one per group (`replica`: its "group" and the "lighthouse"), of the group's workers,
+    and never restarted by Ray Train: a lost group is replaced by the attempt (replica_runs.py)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
     from workers.ray_backend import train_worker
@@ -56,7 +65,8 @@ def trainer(spec: JobSpec, run: str, controller, placement: dict[str, int] | Non
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     res = spec.resources
     use_gpu = res.gpus_per_worker > 0
-    scaling = dict(num_workers=res.num_workers, use_gpu=use_gpu, resources_per_worker=resources_for(spec))
+    workers = res.num_workers // spec.fault_tolerance.replica_groups
+    scaling = dict(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources_for(spec))
     if placement:
         scaling["label_selector"] = label_selectors(placement)
     # a filesystem object carries what a bare URI cannot (endpoints, credentials from the URI's
@@ -64,6 +74,11 @@ def trainer(spec: JobSpec, run: str, controller, placement: dict[str, int] | Non
     fs, path = storage.resolve(spec.checkpoint.storage)
     run_folder.forget_ray_index(run_folder.run_uri(spec, run))
     config = {"spec": spec, "run": run, "controller": controller, "head_node": head_node_id()}
+    config["replica"] = replica
+    failures = {"max_failures": spec.fault_tolerance.max_failures}
+    if replica is not None:  # a group's run ends at its first failure, a lost node's (a
+        # "preemption" to Ray Train) too: the attempt places its replacement, not Ray Train
+        failures = {"max_failures": 0, "max_preemption_failures": 0, "controller_failure_limit": 0}
     return internals.lean_trainer()(
         train_worker,
         train_loop_config=config,
@@ -75,7 +90,7 @@ def trainer(spec: JobSpec, run: str, controller, placement: dict[str, int] | Non
             storage_filesystem=fs,
             # Ray deletes no checkpoint: the checkpointer prunes, by one rule in every launcher
             checkpoint_config=CheckpointConfig(num_to_keep=None),
-            failure_config=FailureConfig(max_failures=spec.fault_tolerance.max_failures),
+            failure_config=FailureConfig(**failures),
         ),
     )
 

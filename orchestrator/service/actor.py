@@ -349,7 +349,12 @@ class OrchestratorService(QueueCalls, ReadCalls, TenantCalls):
                 self.lifecycle.save(job)
             elif changed == STEP:  # the store is the truth of states and checkpoints, not of steps
                 self.lifecycle.save_progress(job)
-            return {"stop": job.stop_requested}
+            if progress.get("replica_groups") is not None:
+                self.lifecycle.groups_reported(job, progress["replica_groups"], time.time())
+            reply = {"stop": job.stop_requested}
+            if job.group_placements:  # where each replica group runs: a lost one, placed again
+                reply["groups"] = job.group_placements
+            return reply
 
     def finished(self, job_id: str, attempt: int, outcome: str, summary: dict | None = None) -> dict:
         """How an attempt ended: succeeded, failed, stopped or preempted (then it is queued

@@ -3,9 +3,11 @@
 1. read the cluster's live nodes from Ray's node table, probe them (`policy/node_watch.py`) and hand
    the policy those that answer and are not in doubt;
 2. reconcile the job table with the cluster: a job on a node that died or does not answer goes
-   back to its place in the queue; a driver that died, workers that did not start in time, a
-   victim that did not stop within its grace period, a failed attempt held until every node of
-   its answered a probe (then failed, or requeued if its collectives failed);
+   back to its place in the queue (a job of replica groups trains on while a group is left,
+   and its lost groups are placed again before any waiting job); a driver that died, workers
+   that did not start in time, a victim that did not stop within its grace period, a failed
+   attempt held until every node of its answered a probe (then failed, or requeued if its
+   collectives failed);
 3. ask the policy (pure, `policy/policy.py`) what to admit and whom to preempt, and act on it through
    the lifecycle, which writes every change to the store first.
 """
@@ -128,6 +130,8 @@ class SchedulingCycle:
             lost = self.lost_nodes(job) if job.state.holds_resources else {}
             if lost and job.state is JobState.STOPPING and set(lost) <= self.drained_away:
                 lost = {}  # its workers stopped for the drain and Ray ended the idle node: the driver reports
+            if lost and self._groups_survive(job, lost, now):
+                continue
             if lost:  # its next admission starts a new attempt controller from the job's package
                 self.lifecycle.node_lost(
                     job, list(lost), now, driver_gone=self._gone(job, statuses), why=lost
@@ -147,6 +151,32 @@ class SchedulingCycle:
                 self.lifecycle.start_timed_out(job, now)
             elif job.state is JobState.STOPPING:
                 self.lifecycle.kill_after_grace(job, now)
+
+    def _groups_survive(self, job: JobRecord, lost: dict[str, str], now: float) -> bool:
+        """A running job of replica groups some of which the lost nodes leave untouched: those
+        train on, and only the groups hit are lost."""
+        if job.state is not JobState.RUNNING or not job.group_placements:
+            return False
+        hit = [g for g, nodes in enumerate(job.group_placements) if set(nodes) & set(lost)]
+        live = [g for g, nodes in enumerate(job.group_placements) if nodes and g not in hit]
+        if not live:
+            return False
+        self.lifecycle.group_lost(job, hit, lost, now)
+        return True
+
+    def replace_groups(self, holding: list[JobRecord], now: float) -> None:
+        """A place for each lost replica group of a running job, before any waiting job is
+        admitted: the job's reservation holds its whole size, so its groups come first."""
+        for job in holding:
+            if job.state is not JobState.RUNNING or {} not in job.group_placements:
+                continue
+            size = job.workers // len(job.group_placements)
+            free = free_capacity(self.policy.nodes, [allocation(j) for j in holding])
+            avoid = frozenset(job.avoid_nodes)
+            ask = JobRequest(job.id, job.priority, size, job.per_worker, job.submitted_at, avoid_nodes=avoid)
+            found = place(ask, free)
+            if found:
+                self.lifecycle.group_placed(job, job.group_placements.index({}), found, now)
 
     def _judge_failure(self, job: JobRecord, now: float) -> None:
         """A failed attempt held until every node of its answered a probe sent after the
@@ -172,6 +202,7 @@ class SchedulingCycle:
     def schedule(self, now: float) -> None:
         trials: dict[str, int] = {}  # running trials per sweep, for sweep.max_concurrent
         holding = self.jobs.holding()
+        self.replace_groups(holding, now)
         for j in holding:
             if j.sweep:
                 trials[j.sweep] = trials.get(j.sweep, 0) + 1

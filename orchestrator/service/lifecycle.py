@@ -17,7 +17,8 @@ import time
 from core.jobs import JobState, check_transition
 from core.run_folder import checkpoint_step
 from orchestrator.policy.las import service_rate
-from orchestrator.service.runner import AttemptRunner, driver_node
+from orchestrator.ray.launcher import group_placements, union
+from orchestrator.service.runner import AttemptRunner
 from orchestrator.service.store import JobRecord, Store
 from orchestrator.service.table import JobTable
 
@@ -75,6 +76,9 @@ class Lifecycle:
         job.attempt += 1
         job.placement, job.admitted_at, job.generation = dict(placement), now, self.generation
         job.step_time_s = None  # this attempt measures its own (an elastic job may run at another size)
+        groups = job.spec.fault_tolerance.replica_groups
+        job.group_placements = group_placements(placement, groups) if groups > 1 else []
+        job.replica_groups = {}
         workers, nodes = sum(placement.values()), len(placement)
         if job.ledger is not None:
             job.ledger.workers = workers  # an elastic job's GPU-seconds follow its size
@@ -86,8 +90,10 @@ class Lifecycle:
 
     def _launch(self, job: JobRecord, now: float) -> None:
         try:
-            job.submission_id = self.runner.launch(job.id, job.attempt, job.package, job.placement)
-            job.driver_node = driver_node(job.placement)
+            groups = job.spec.fault_tolerance.replica_groups
+            job.submission_id, job.driver_node = self.runner.launch(
+                job.id, job.attempt, job.package, job.placement, groups
+            )
         except Exception as err:
             log.error("%s: cannot start its driver: %s", job.id, err)
             job.log("launch-failed", now, error=str(err).splitlines()[0][:300])
@@ -221,6 +227,55 @@ class Lifecycle:
         else:
             self.requeue(job, now, backoff=False)
 
+    def group_lost(self, job: JobRecord, groups: list[int], why: dict[str, str], now: float) -> None:
+        """Nodes died under some of a job's replica groups, not all of them: the others train
+        on (the attempt goes on), the lost groups' nodes are no longer the job's, and each
+        lost group waits for a place (`group_placed`). Time from here to the replacement's
+        heal is the job's degraded time."""
+        for group in groups:
+            job.group_placements[group] = {}
+        job.placement = union(job.group_placements)
+        if job.ledger is not None:
+            job.ledger.degraded(now)
+        where = {"nodes": sorted(why), "why": why}
+        job.log("group-lost", now, groups=groups, step=job.step, attempt=job.attempt, **where)
+        log.warning(
+            "%s: node(s) %s died under replica group(s) %s; the other groups train on",
+            job.id,
+            ", ".join(n[:8] for n in sorted(why)),
+            ", ".join(map(str, groups)),
+        )
+        self.save(job)
+
+    def group_placed(self, job: JobRecord, group: int, placement: dict[str, int], now: float) -> None:
+        """A lost replica group's replacement has its nodes: the attempt starts it there."""
+        job.group_placements[group] = dict(placement)
+        job.placement = union(job.group_placements)
+        job.log("group-placed", now, group=group, nodes=sorted(placement), attempt=job.attempt)
+        self.save(job)
+
+    def groups_reported(self, job: JobRecord, view: dict[str, dict], now: float) -> None:
+        """The attempt's account of its replica groups: a degraded job is whole again once each
+        group trains and the ones that started after the loss have healed from a peer."""
+        if view != job.replica_groups:  # a group started, joined, healed or was lost
+            job.replica_groups = view
+            self.save(job)
+        ledger = job.ledger
+        if ledger is None or ledger.degraded_since is None or len(view) < len(job.group_placements):
+            return
+        since = ledger.degraded_since
+        # each group trains where the service placed it (not a lost group the attempt has not
+        # seen end yet), and those that started after the loss have healed from a peer
+        where = [sorted(nodes) for nodes in job.group_placements]
+        groups = [view.get(str(i), {}) for i in range(len(where))]
+        placed = all(nodes and g.get("nodes") == nodes for g, nodes in zip(groups, where))
+        training = all(g.get("state") == "training" for g in groups)
+        healed = all(g.get("healed_at") for g in groups if (g.get("started_at") or 0) > since)
+        if placed and training and healed:
+            ledger.whole(now)
+            job.log("groups-whole", now, degraded_s=round(now - since, 1), step=job.step, attempt=job.attempt)
+            self.save(job)
+
     def correct_node_loss(self, job: JobRecord, attempt: int, summary: dict) -> None:
         """The steps a node loss cost, counted when the service noticed it from the last step
         reported (every few seconds), made closer from the ended attempt's own summary: its
@@ -348,4 +403,6 @@ def end_attempt(job: JobRecord, now: float) -> None:
     `admitted_at`, as the policy counts the current attempt (`Allocation.started_at`)."""
     if job.admitted_at is not None and job.placement:
         job.attained_s += max(0.0, now - job.admitted_at) * service_rate(job.per_worker, job.placement_size)
-    job.placement = {}
+    job.placement, job.group_placements = {}, []
+    if job.ledger is not None:
+        job.ledger.whole(now)

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 from core import storage
 from orchestrator.client import NAMESPACE, attempt_name
-from orchestrator.ray.launcher import driver_node
+from orchestrator.ray.launcher import driver_node, head_node_id
 from orchestrator.service.store import SPEC_IN_PACKAGE
 
 log = logging.getLogger("orchestrator.service")
@@ -77,8 +77,12 @@ class AttemptRunner:
         with local_copy(package_uri) as working_dir:
             return upload_working_dir(self.client, working_dir)
 
-    def launch(self, job_id: str, attempt: int, package_uri: str, placement: dict[str, int]) -> str:
-        """Start the controller of `job_id`'s attempt on its `placement`; returns its name."""
+    def launch(
+        self, job_id: str, attempt: int, package_uri: str, placement: dict[str, int], groups: int = 1
+    ) -> tuple[str, str | None]:
+        """Start the controller of `job_id`'s attempt on its `placement`; returns its name and
+        node. A job of replica groups has its controller on the head: it outlives any one group's
+        node, as the job does."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from orchestrator.attempt.controller import AttemptControllerActor
@@ -90,7 +94,7 @@ class AttemptRunner:
             lifetime="detached",  # it outlives a restart of the service, as a Ray Job did
             runtime_env={"working_dir": self.upload(package_uri)},
         )
-        node = driver_node(placement)
+        node = driver_node(placement) if groups == 1 else head_node_id()
         if node:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
         try:
@@ -99,9 +103,9 @@ class AttemptRunner:
             if "already taken" not in str(err) and "already exists" not in str(err):
                 raise
             log.warning("%s was already started (by an earlier service)", name)
-            return name
+            return name, node
         controller.run.remote(SPEC_IN_PACKAGE, job_id)
-        return name
+        return name, node
 
     def stop(self, name: str) -> None:
         """End the attempt's controller now, and its run with it."""

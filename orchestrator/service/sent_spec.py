@@ -53,10 +53,9 @@ def read_sent(sent: SentSpec) -> JobSpec:
 
 def checked(spec: JobSpec, source: str = "submitted spec") -> JobSpec:
     """`spec`, when its model and data are ones the data plane has; else SpecError."""
-    from orchestrator.ray.launcher import launch_problems
     from workers.checks import job_problems  # the data plane's model and data registries (no torch)
 
-    problems = job_problems(spec) + launch_problems(spec)
+    problems = job_problems(spec)
     if problems:
         raise SpecError(problems, source)
     return spec

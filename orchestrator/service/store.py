@@ -62,6 +62,10 @@ class JobRecord:
     driver_node: str | None = None  # where that controller runs: it ends with its attempt
     came_in_by: str | None = None  # the Ray Job that queued it (`ray job submit`), if one did
     placement: dict[str, int] = field(default_factory=dict)  # node id -> workers
+    # with replica groups: each group's own placement ({} while a lost group waits for nodes);
+    # `placement` is theirs together
+    group_placements: list[dict[str, int]] = field(default_factory=list)
+    replica_groups: dict[str, dict] = field(default_factory=dict)  # each group as its attempt reports it
     admitted_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None

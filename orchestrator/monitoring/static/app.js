@@ -583,12 +583,35 @@
     );
   }
 
+  /** A job of replica groups: how many train, and each group's start, heal or loss */
+  function groupsLine(job) {
+    const placed = listOf(job.group_placements);
+    if (!placed.length) return null;
+    const groups = job.replica_groups || {};
+    const lost = (nodes) => !Object.keys(nodes).length;  // the service's word: its nodes were lost
+    const training = placed.filter((nodes, i) => !lost(nodes) && (groups[String(i)] || {}).state === "training").length;
+    const degraded = job.ledger && isNum(job.ledger.degraded_s) && job.ledger.degraded_s > 0 ? job.ledger.degraded_s : 0;
+    const parts = placed.map((nodes, i) => {
+      const g = groups[String(i)] || {};
+      const state = lost(nodes) ? "lost, waiting for nodes" : g.state || "starting";
+      let text = "group " + i + " " + state;
+      if (lost(nodes)) return text;
+      if (isNum(g.joined_at) && isNum(g.started_at)) text += ", started in " + (g.joined_at - g.started_at).toFixed(1) + " s";
+      if (isNum(g.healed_at)) text += ", healed from a peer at step " + fmtInt(g.healed_step) + (isNum(g.started_at) ? " (" + (g.healed_at - g.started_at).toFixed(1) + " s after its start)" : "");
+      return text;
+    });
+    const kind = training < placed.length ? "callout warn" : "callout";
+    const head = "Replica groups: " + training + " of " + placed.length + " training" + (degraded ? " · degraded " + fmtDuration(degraded) : "");
+    return h("li", { class: kind, "data-kind": "replica-groups" }, head + " · " + parts.join(" · "));
+  }
+
   function healthLines(job) {
     const avoided = listOf(job.avoid_nodes);
     return [
       job.hung ? h("li", { class: "callout error", "data-kind": "hung" }, HUNG_TEXT) : null,
       ...listOf(job.stragglers).map(stragglerLine),
       avoided.length ? avoidLine(avoided) : null,
+      groupsLine(job),
     ];
   }
 
