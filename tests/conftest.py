@@ -49,8 +49,10 @@ def cli():
 # With `-n` (scripts/test.sh runs `-n auto`), the files whose tests start Ray clusters run in
 # two lanes, each on one pytest-xdist worker, one test after the other. The lane of the
 # session's shared clusters starts first; the other tests run on the other worker meanwhile, and
-# when they are done that worker takes the lane of the tests that start a cluster of their own
-# (OWN_CLUSTER_FILES). Alone, the first lane used ~1.4 of the 2 cores in its last ~16 minutes.
+# when they are done that worker takes the second lane (LATE_LANE_FILES): the tests that start a
+# cluster of their own, and test_ray_run.py, on a `ray_head` cluster of that worker's (moved
+# there on 2026-11-29: the first lane was the suite's whole length, the other worker idle for
+# its last ~8 minutes). Alone, the first lane used ~1.4 of the 2 cores in its last ~16 minutes.
 # tests/test_up.py stays in the first lane, last: on 2026-11-28, in the second lane beside the
 # first, Ray's Jobs API refused its `ray job submit` under the load in two runs of two ("No
 # available agent to submit job, please try again later"). (Two lanes from the start, tried on
@@ -72,14 +74,14 @@ CLUSTER_FILES = {
     "test_tenants_live.py",
     "test_up.py",
 }
-OWN_CLUSTER_FILES = {"test_autoscaler.py", "test_head_restart.py"}  # clusters of their own
+LATE_LANE_FILES = {"test_autoscaler.py", "test_head_restart.py", "test_ray_run.py"}
 CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling"}  # session or module scope
 
 
 def _lane(path: str) -> int:
-    """0: the shared clusters' lane, 1: the other tests, 2: the own clusters' lane (last)."""
+    """0: the shared clusters' lane, 1: the other tests, 2: the late lane (last)."""
     name = Path(path).name
-    return 2 if name in OWN_CLUSTER_FILES else 0 if name in CLUSTER_FILES else 1
+    return 2 if name in LATE_LANE_FILES else 0 if name in CLUSTER_FILES else 1
 
 
 def pytest_collection_modifyitems(items):
@@ -90,7 +92,7 @@ def pytest_collection_modifyitems(items):
         starts_one = item.get_closest_marker("cluster") or any(s in ("session", "module") for s in shared)
         if starts_one and item.path.name not in CLUSTER_FILES:
             raise pytest.UsageError(f"{item.nodeid} starts a Ray cluster: add its file to CLUSTER_FILES")
-    # xdist hands out scopes in this order: the shared clusters' lane first, the own lane last;
+    # xdist hands out scopes in this order: the shared clusters' lane first, the late lane last;
     # test_up.py ends the first lane, after the second lane is done
     items.sort(key=lambda item: (_lane(str(item.path)), item.path.name == "test_up.py"))
 
@@ -103,7 +105,7 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _split_scope(self, nodeid: str) -> str:
             lane = _lane(nodeid.split("::")[0])
-            return ("ray-clusters", nodeid, "ray-clusters-own")[lane]
+            return ("ray-clusters", nodeid, "ray-clusters-late")[lane]
 
     config.option.loadscopereorder = False  # xdist puts the largest scopes first: keep the lanes' order
     return ClusterLanes(config, log)

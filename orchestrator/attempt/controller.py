@@ -9,8 +9,9 @@ which shows its feed). The process holds the whole attempt:
                     listeners (the service's record, the metrics log, MLflow, the terminal)
     its loop        `run`: `_step` until Ended, each step dispatching on the state
     the run         Ray Train's `fit()` on a thread of this process, with Ray Train's controller
-                    loop in it (`train_run.trainer`): the workers and their placement group
-                    belong to this process, so its end ends the run
+                    loop in it (`train_run.trainer`), or one per replica group (`runs.py`): the
+                    workers and their placement groups belong to this process, so its end
+                    ends the run
     the workers     their calls (join, log, checkpoint, fail, finish, the stop flag), on the
                     actor's default thread, queued for the loop as events
     its decisions   `policy.py`, pure: what an event or a stop request leads to, the summary

@@ -3,7 +3,8 @@
 Each attempt of a job runs in one process, its attempt controller
 (`orchestrator/attempt/controller.py`): a detached actor named `<id>-a<attempt>` in the service's
 namespace, on the job's own node (the one with most of its workers), so the head pays for none
-of a job's control and a job's control shares its nodes' fate. Ray refuses a second live actor
+of a job's control and a job's control shares its nodes' fate; a job of replica groups has it on
+the head, since it outlives the loss of any one group's node. Ray refuses a second live actor
 of one name, so an attempt cannot start twice, whichever service tries.
 
 Its working_dir is the job's package in the store (the project directory the job was submitted
