@@ -49,10 +49,10 @@ def cli():
 # With `-n` (scripts/test.sh runs `-n auto`), the files whose tests start Ray clusters run in
 # two lanes, each on one pytest-xdist worker, one test after the other. The lane of the
 # session's shared clusters starts first; the other tests run on the other worker meanwhile, and
-# when they are done that worker takes the second lane (LATE_LANE_FILES): the tests that start a
-# cluster of their own, and test_ray_run.py, on a `ray_head` cluster of that worker's (moved
-# there on 2026-11-29: the first lane was the suite's whole length, the other worker idle for
-# its last ~8 minutes). Alone, the first lane used ~1.4 of the 2 cores in its last ~16 minutes.
+# when they are done that worker takes the late lane (LATE_LANE_FILES): the tests that start a
+# cluster of their own. Alone, the first lane used ~1.4 of the 2 cores in its last ~16 minutes.
+# (test_ray_run.py moved to the late lane, on a `ray_head` of that worker's, tried on
+# 2026-11-29: 25 min 54 s against 25 min 40 s; the lanes slowed each other on 2 cores.)
 # tests/test_up.py stays in the first lane, last: on 2026-11-28, in the second lane beside the
 # first, Ray's Jobs API refused its `ray job submit` under the load in two runs of two ("No
 # available agent to submit job, please try again later"). (Two lanes from the start, tried on
@@ -74,7 +74,7 @@ CLUSTER_FILES = {
     "test_tenants_live.py",
     "test_up.py",
 }
-LATE_LANE_FILES = {"test_autoscaler.py", "test_head_restart.py", "test_ray_run.py"}
+LATE_LANE_FILES = {"test_autoscaler.py", "test_head_restart.py"}  # clusters of their own
 CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling"}  # session or module scope
 
 

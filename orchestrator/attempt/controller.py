@@ -37,7 +37,7 @@ from core.spec import JobSpec
 from orchestrator import client
 from orchestrator.attempt import policy
 from orchestrator.attempt.listeners import Feed, Listener, MetricsLog, Mlflow, ServiceRecord, Terminal
-from orchestrator.attempt.runs import Runs
+from orchestrator.attempt.runs import Runs, import_train_run
 from orchestrator.attempt.states import (
     Aborting,
     CheckpointSaved,
@@ -359,14 +359,6 @@ class AttemptController:
     def _current(self, group: int) -> bool:
         """Whether worker group `group` is the newest of its replica group (else it was replaced)."""
         return group in self.latest.values()
-
-
-def import_train_run():
-    """Ray Train's side of a run (`orchestrator/ray/train_run.py`), imported once."""
-    from orchestrator.ray import internals, train_run
-
-    internals.lean_trainer()
-    return train_run
 
 
 def print_report(summary: dict) -> None:

@@ -62,8 +62,6 @@ class Runs:
             self._start(group, part)
 
     def _start(self, group: int, placement: dict[str, int] | None) -> None:
-        from orchestrator.attempt.controller import import_train_run
-
         replica = {"group": group, "lighthouse": self.address} if self.groups > 1 else None
         entry = GroupRun(group, placement)
 
@@ -113,3 +111,11 @@ class Runs:
         if any(run.ended and run.failure is None for run in runs):
             return None
         return next((run.failure for run in reversed(runs) if run.failure), None)
+
+
+def import_train_run():
+    """Ray Train's side of a run (`orchestrator/ray/train_run.py`), imported once."""
+    from orchestrator.ray import internals, train_run
+
+    internals.lean_trainer()
+    return train_run
