@@ -34,7 +34,10 @@ PACE_S = 0.05  # a step at most this often: the kill lands mid-run whatever the 
 WINDOW = 20  # steps in the moving average of the loss
 
 
-def group(index: int, work: Path, seed: int, steps: int, lighthouse: str, tag: str) -> subprocess.Popen:
+def group(
+    index: int, work: Path, seed: int, steps: int, lighthouse: str, tag: str, again: str = ""
+) -> subprocess.Popen:
+    """Group `index` of the run `seed{seed}{tag}`; `again` names a replacement's log apart."""
     sets = [
         "fault_tolerance.replica_groups=2",
         f"train.steps={steps}",
@@ -47,7 +50,7 @@ def group(index: int, work: Path, seed: int, steps: int, lighthouse: str, tag: s
     ]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
     command += ["-m", "workers.run", "jobs/convnet.yaml", *[a for s in sets for a in ("--set", s)]]
-    command += ["--summary", str(work / f"seed{seed}{tag}-group{index}-{time.monotonic_ns()}.json")]
+    command += ["--summary", str(work / f"seed{seed}{tag}{again}-group{index}.json")]
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -55,8 +58,8 @@ def group(index: int, work: Path, seed: int, steps: int, lighthouse: str, tag: s
         "REPLICA_GROUP_ID": str(index),
         "ORCHESTRATOR_TEST_FAULTS": str(work / "faults"),
     }
-    out = open(work / f"seed{seed}{tag}-group{index}.log", "a")
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True)
+    out = open(work / f"seed{seed}{tag}{again}-group{index}.log", "a")
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
 
 
 def shown_step(log: Path) -> int:
@@ -73,7 +76,13 @@ def wait_step(log: Path, step: int, timeout: float = 300) -> None:
 
 
 def kill(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its worker: its session
+    """SIGKILL to a torchrun and its workers (torchrun starts them in sessions of their own)."""
+    import psutil
+
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for process in tree:
+        process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(tree, timeout=30)
     proc.wait()
 
 
@@ -92,7 +101,7 @@ def run(work: Path, seed: int, args, fault: bool) -> dict:
             wait_step(work / f"seed{seed}{tag}-group1.log", args.kill_at)
             kill(procs[1])
             wait_step(work / f"seed{seed}{tag}-group0.log", args.kill_at + args.back_after)
-            procs.append(group(1, work, seed, args.steps, lighthouse.address(), tag + "-new"))
+            procs.append(group(1, work, seed, args.steps, lighthouse.address(), tag, again="-new"))
         codes = [p.wait(timeout=900) for p in (procs[0], procs[-1])]
         if codes != [0, 0]:
             raise SystemExit(f"error: seed {seed}{tag}: a group failed (logs in {work})")
@@ -101,6 +110,13 @@ def run(work: Path, seed: int, args, fault: bool) -> dict:
             if p.poll() is None:
                 kill(p)
         lighthouse.shutdown()  # its port goes with it
+    if fault:  # the new group healed from group 0, at the step group 0 had reached
+        healed = re.findall(
+            r"group 1 healed from a peer at step (\d+)",
+            (work / f"seed{seed}{tag}-new-group1.log").read_text(),
+        )
+        if not healed or int(healed[0]) < args.kill_at + args.back_after:
+            raise SystemExit(f"error: the new group 1 did not heal from group 0 (logs in {work})")
     history = read_metrics(str(work / "runs" / f"seed{seed}{tag}"))
     losses = {r["step"]: r["loss"] for r in history if "loss" in r}
     evals = [r for r in history if "eval_loss" in r]
