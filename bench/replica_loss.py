@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,15 +26,14 @@ sys.path.insert(0, str(ROOT))
 
 from bench.provenance import provenance  # noqa: E402
 from core.metrics_log import read_metrics  # noqa: E402
+from orchestrator.testing.replica_groups import kill_tree, torchrun_group  # noqa: E402
 
 PACE_S = 0.05  # a step at most this often: the kill lands mid-run whatever the machine's pace
 WINDOW = 20  # steps in the moving average of the loss
 
 
-def group(
-    index: int, work: Path, seed: int, steps: int, lighthouse: str, tag: str, again: str = ""
-) -> subprocess.Popen:
-    """Group `index` of the run `seed{seed}{tag}`; `again` names a replacement's log apart."""
+def group(index: int, work: Path, seed: int, steps: int, lighthouse: str, tag: str, again: str = ""):
+    """Group `index` of the run `seed{seed}{tag}`; `again` names a replacement's files apart."""
     sets = [
         "fault_tolerance.replica_groups=2",
         f"train.steps={steps}",
@@ -48,18 +44,9 @@ def group(
         f"checkpoint.storage={work / 'runs'}",
         f"name=seed{seed}{tag}",
     ]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
-    command += ["-m", "workers.run", "jobs/convnet.yaml", *[a for s in sets for a in ("--set", s)]]
-    command += ["--summary", str(work / f"seed{seed}{tag}{again}-group{index}.json")]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "TORCHFT_LIGHTHOUSE": lighthouse,
-        "REPLICA_GROUP_ID": str(index),
-        "ORCHESTRATOR_TEST_FAULTS": str(work / "faults"),
-    }
-    out = open(work / f"seed{seed}{tag}{again}-group{index}.log", "a")
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+    files = work / f"seed{seed}{tag}{again}-group{index}"
+    summary, log = files.with_suffix(".json"), files.with_suffix(".log")
+    return torchrun_group(index, sets, summary, lighthouse, work / "faults", log)
 
 
 def shown_step(log: Path) -> int:
@@ -75,17 +62,6 @@ def wait_step(log: Path, step: int, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
-def kill(proc: subprocess.Popen) -> None:
-    """SIGKILL to a torchrun and its workers (torchrun starts them in sessions of their own)."""
-    import psutil
-
-    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    for process in tree:
-        process.send_signal(signal.SIGKILL)
-    psutil.wait_procs(tree, timeout=30)
-    proc.wait()
-
-
 def run(work: Path, seed: int, args, fault: bool) -> dict:
     """One run of two groups; with `fault`, group 1 killed and replaced. Its loss curve and
     final evaluation."""
@@ -99,7 +75,7 @@ def run(work: Path, seed: int, args, fault: bool) -> dict:
     try:
         if fault:
             wait_step(work / f"seed{seed}{tag}-group1.log", args.kill_at)
-            kill(procs[1])
+            kill_tree(procs[1])
             wait_step(work / f"seed{seed}{tag}-group0.log", args.kill_at + args.back_after)
             procs.append(group(1, work, seed, args.steps, lighthouse.address(), tag, again="-new"))
         codes = [p.wait(timeout=900) for p in (procs[0], procs[-1])]
@@ -108,7 +84,7 @@ def run(work: Path, seed: int, args, fault: bool) -> dict:
     finally:
         for p in procs:
             if p.poll() is None:
-                kill(p)
+                kill_tree(p)
         lighthouse.shutdown()  # its port goes with it
     if fault:  # the new group healed from group 0, at the step group 0 had reached
         healed = re.findall(

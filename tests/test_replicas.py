@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from orchestrator.testing.replica_groups import kill_tree, torchrun_group
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "replicas_worker.py"
@@ -111,34 +112,14 @@ def start_torchrun_group(group: int, tmp_path: Path, lighthouse: str, faults: Pa
         f"checkpoint.storage={tmp_path / 'runs'}",
         "name=groups",
     ]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
-    command += ["-m", "workers.run", "jobs/convnet.yaml", *[a for s in sets for a in ("--set", s)]]
-    command += ["--summary", str(tmp_path / f"group{group}-{time.monotonic_ns()}.json")]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "TORCHFT_LIGHTHOUSE": lighthouse,
-        "REPLICA_GROUP_ID": str(group),
-        "ORCHESTRATOR_TEST_FAULTS": str(faults),  # paced until the test says go (workers/faults.py)
-    }
-    out = open(tmp_path / log, "a")
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=out)
+    summary = tmp_path / f"group{group}-{time.monotonic_ns()}.json"
+    return torchrun_group(group, sets, summary, lighthouse, faults, tmp_path / log)  # paced until go
 
 
 def shown_step(log: Path) -> int:
     """The newest step a group's progress line shows (its rank 0 prints one every second or so)."""
     shown = re.findall(r"\[groups\] step (\d+)/", log.read_text()) if log.exists() else []
     return int(shown[-1]) if shown else 0
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL to a torchrun and its workers (torchrun starts them in sessions of their own)."""
-    import psutil
-
-    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    for process in tree:
-        process.send_signal(signal.SIGKILL)
-    psutil.wait_procs(tree, timeout=30)
 
 
 def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_other(tmp_path, lighthouse):
