@@ -64,7 +64,8 @@ class MetricsProcessor:
             ctx.device,
             spec.data.batch_size,
             info.seq_len if self.is_lm else 1,
-            ctx.world_size,
+            # the job's workers: with replica groups, every group's (they step together)
+            ctx.world_size * spec.fault_tolerance.replica_groups,
             self._flops_per_sample(),
             spec.precision.dtype,
             compiled=spec.precision.compile,

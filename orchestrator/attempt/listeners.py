@@ -21,6 +21,7 @@ from orchestrator.attempt.states import (
     Aborting,
     CheckpointSaved,
     Ended,
+    GroupChanged,
     Progress,
     Records,
     Rewound,
@@ -185,12 +186,19 @@ class Terminal(Listener):
     def event(self, event: Any, progress: Progress) -> None:
         if isinstance(event, WorkersStarted):
             who = ", ".join(f"rank {rank} pid {w['pid']} on {w['node']}" for rank, w in event.members.items())
-            self.say(f"{'workers' if event.group == 0 else f'restart {event.group}: workers'}: {who}")
+            if progress.replica_groups:  # one of the job's groups, started or started again
+                self.say(f"replica group {event.replica}: workers: {who}")
+            else:
+                self.say(f"{'workers' if event.group == 0 else f'restart {event.group}: workers'}: {who}")
             self.update(state="running", total=self.total_steps)
+        elif isinstance(event, GroupChanged) and event.fields.get("state") == "lost":
+            self.say(f"replica group {event.group} lost ({event.fields.get('reason')}); the others train on")
+        elif isinstance(event, GroupChanged) and event.fields.get("healed_step") is not None:
+            self.say(f"replica group {event.group} healed from a peer at step {event.fields['healed_step']}")
         elif isinstance(event, RunStarted):
             for skipped in event.skipped:
                 self.say(f"skipped {skipped['checkpoint']}: {skipped['reason']}")
-            if event.group:
+            if event.group and not progress.replica_groups:
                 self.say(
                     f"restarted from the checkpoint at step {event.step}"
                     if event.step
