@@ -102,9 +102,13 @@ def test_two_groups_train_as_one_and_end_with_the_same_weights(tmp_path):
 JOB_STEPS = 200  # at 0.3 s a step until the test says go: a minute to act in
 
 
-def start_torchrun_group(group: int, tmp_path: Path, lighthouse: str, faults: Path, log: str):
+def start_torchrun_group(group: int, tmp_path: Path, lighthouse: str, faults: Path, log: str, procs: int):
+    """Group `group` of two, of `procs` processes: DDP inside a group of one, FSDP2 inside a
+    larger one (HSDP: each rank's shard averaged with the same shard of the other group)."""
     sets = [
         "fault_tolerance.replica_groups=2",
+        f"resources.num_workers={2 * procs}",
+        f"parallel.strategy={'ddp' if procs == 1 else 'fsdp2'}",
         f"train.steps={JOB_STEPS}",
         "train.eval_every=100",
         "metrics.log_every=1",
@@ -113,7 +117,7 @@ def start_torchrun_group(group: int, tmp_path: Path, lighthouse: str, faults: Pa
         "name=groups",
     ]
     summary = tmp_path / f"group{group}-{time.monotonic_ns()}.json"
-    return torchrun_group(group, sets, summary, lighthouse, faults, tmp_path / log)  # paced until go
+    return torchrun_group(group, sets, summary, lighthouse, faults, tmp_path / log, procs)  # paced until go
 
 
 def shown_step(log: Path) -> int:
@@ -122,7 +126,10 @@ def shown_step(log: Path) -> int:
     return int(shown[-1]) if shown else 0
 
 
-def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_other(tmp_path, lighthouse):
+@pytest.mark.parametrize("procs", [1, 2], ids=["ddp-groups-of-1", "hsdp-groups-of-2"])
+def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_other(
+    tmp_path, lighthouse, procs
+):
     from core.metrics_log import read_metrics
 
     faults = tmp_path / "faults"
@@ -136,8 +143,8 @@ def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_o
         except (FileNotFoundError, OSError):
             return []
 
-    survivor = start_torchrun_group(0, tmp_path, lighthouse, faults, "group0.log")
-    doomed = start_torchrun_group(1, tmp_path, lighthouse, faults, "group1.log")
+    survivor = start_torchrun_group(0, tmp_path, lighthouse, faults, "group0.log", procs)
+    doomed = start_torchrun_group(1, tmp_path, lighthouse, faults, "group1.log", procs)
     replacement = None
     try:
         wait_for(lambda: shown_step(tmp_path / "group1.log") >= 10, "group 1 showed no step 10")
@@ -146,7 +153,7 @@ def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_o
         first = tmp_path / "group0.log"
         at_kill = shown_step(first)
         wait_for(lambda: shown_step(first) >= at_kill + 5, "the other group stopped training")
-        replacement = start_torchrun_group(1, tmp_path, lighthouse, faults, "group1-new.log")
+        replacement = start_torchrun_group(1, tmp_path, lighthouse, faults, "group1-new.log", procs)
         healed = tmp_path / "group1-new.log"
         wait_for(lambda: "group 1 healed from a peer" in healed.read_text(), "not healed", timeout=180)
         (faults / "groups.go").write_text("")
@@ -157,7 +164,9 @@ def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_o
             if proc is not None and proc.poll() is None:
                 kill_tree(proc)
     assert steps() == list(range(1, JOB_STEPS + 1))  # each step once: none lost, none repeated
-    [healed_at] = re.findall(r"group 1 healed from a peer at step (\d+)", healed.read_text())
+    healed_steps = re.findall(r"group 1 healed from a peer at step (\d+)", healed.read_text())
+    [healed_at] = set(healed_steps)  # every rank of the group at the same step
+    assert len(healed_steps) == procs
     assert int(healed_at) >= at_kill + 5  # it joined at the survivor's step, not from a checkpoint
     summaries = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("group*.json"))]
     # the survivor's and the replacement's; the killed group never ended

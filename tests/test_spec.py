@@ -131,7 +131,6 @@ BAD_FIELDS = [
     (setter("fault_tolerance.on_straggler", "ignore"), "fault_tolerance.on_straggler", "'warn'"),
     (setter("fault_tolerance.replica_groups", 0), "fault_tolerance.replica_groups", "allowed: 1 to 64"),
     (groups(num_workers=3, batch_size=48), "fault_tolerance.replica_groups", "2 groups do not divide"),
-    (groups(strategy="fsdp2"), "fault_tolerance.replica_groups", "set parallel.strategy 'ddp'"),
     (groups(num_workers={"min": 2, "max": 4}), "fault_tolerance.replica_groups", "not with an elastic"),
     (groups(dtype="fp16"), "fault_tolerance.replica_groups", "not with precision.dtype fp16"),
     (setter("scheduling.priority", 5000), "scheduling.priority", "5000 is out of range; allowed: 0 to 1000"),
@@ -200,6 +199,14 @@ def test_bad_field_is_named_with_reason(mutate, path, words):
     ]
     assert matching, f"no problem names {path!r}: {problems}"
     assert any(words in p for p in matching), f"{words!r} not in {matching}"
+
+
+def test_replica_groups_take_ddp_or_fsdp2_inside_them():
+    for strategy, workers in (("ddp", 2), ("fsdp2", 4)):  # FSDP2 inside, DDP across: HSDP
+        raw = copy.deepcopy(BASE)
+        groups(num_workers=workers, strategy=strategy, batch_size=64)(raw)
+        spec = validate(raw)
+        assert (spec.parallel.strategy, spec.fault_tolerance.replica_groups) == (strategy, 2)
 
 
 def test_on_straggler_restart_excluding_node_is_accepted():

@@ -2,8 +2,8 @@
 a group of its workers, and a replacement group that heals from a live peer (torchft).
 
 The job's workers form equal groups, each a data-parallel world of its own (its process group,
-DDP inside it). Across the groups, torchft's `Manager` keeps the quorum of the live ones
-through its lighthouse, and each step of the loop goes:
+DDP or FSDP2 inside it: with FSDP2, HSDP). Across the groups, torchft's `Manager` keeps the
+quorum of the live ones through its lighthouse, and each step of the loop goes:
 
     begin      the step's quorum; a group behind the others (a replacement) heals first: it
                loads a peer's model, optimizer, schedule and loop state (`state_dict`), so the
@@ -123,8 +123,10 @@ class Replicas:
         self.manager.start_quorum()
 
     def average(self, model: nn.Module) -> None:
-        """Each gradient, averaged over the groups of the quorum."""
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        """Each gradient, averaged over the groups of the quorum: this rank's part of it, a
+        shard under FSDP2 (HSDP: each rank averages its shard with the same rank's of the
+        other groups, which hold the same shard)."""
+        grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -247,6 +249,13 @@ def log_from_here(state, replicas: Replicas, run_uri: str) -> list[dict]:
         written = []
     missing = [r for r in written if after < r[records.STEP] <= upto and key(r) not in have]
     return sorted(history + missing, key=key)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (FSDP2's parameters and gradients), else the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def data_position(spec, ctx) -> tuple[int, int]:

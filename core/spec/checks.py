@@ -68,8 +68,6 @@ def _replica_group_problems(spec: JobSpec) -> list[str]:
     if workers % groups:
         return [f"{field}: {groups} groups do not divide resources.num_workers ({workers})"]
     problems = []
-    if spec.parallel.strategy == "fsdp2":
-        problems.append(f"{field}: groups use DDP inside them; set parallel.strategy 'ddp'")
     if spec.precision.dtype == "fp16":
         # each group's loss scaler would skip steps of its own: the groups' weights would part
         problems.append(f"{field}: not with precision.dtype fp16; use bf16")

@@ -14,10 +14,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun_group(group: int, sets: list[str], summary: Path, lighthouse: str, faults: Path, log: Path):
-    """`workers.run jobs/convnet.yaml` with `sets`, as group `group` under torchrun; the run
-    reads `faults` (workers/faults.py: paced steps until told to go)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+def torchrun_group(
+    group: int, sets: list[str], summary: Path, lighthouse: str, faults: Path, log: Path, procs: int = 1
+):
+    """`workers.run jobs/convnet.yaml` with `sets`, as group `group` of `procs` processes under
+    torchrun; the run reads `faults` (workers/faults.py: paced steps until told to go)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
     command += ["-m", "workers.run", "jobs/convnet.yaml", *[a for s in sets for a in ("--set", s)]]
     command += ["--summary", str(summary)]
     env = {
