@@ -264,7 +264,9 @@ class Service:
                 if predicate(job) or predicate(job := self._with_live_step(job)):
                     return job
                 if job["state"] in ("failed", "stopped") and "failed" not in what:
-                    raise AssertionError(f"{job_id} {job['state']}: {job.get('reason')}")
+                    # the history says how each attempt ended: what a failure in CI needs
+                    history = [{k: v for k, v in e.items() if k != "time"} for e in job["history"][-10:]]
+                    raise AssertionError(f"{job_id} {job['state']}: {job.get('reason')}; history: {history}")
             time.sleep(0.5)
         raise AssertionError(f"{job_id}: timed out waiting for {what or predicate}: {self.job(job_id)}")
 
