@@ -180,3 +180,21 @@ def test_the_controller_moves_its_state_only_through_set_state_and_tells_every_l
     controller._take_events()
     assert controller.progress.last_step == 5 and controller.state == Stopping("preempt")
     assert [name for name, _ in controller.path] == ["starting", "training", "stopping"]
+
+
+def test_records_a_joined_group_lacks_are_in_storage_at_once_the_others_at_the_next_flush(tmp_path):
+    """The attempt's metrics log (`MetricsLog`): records in the log's buffer until its next
+    flush, but a batch the workers send as durable (replica groups: records a group that joined
+    lacks, which it reads back from storage should it come to lead) written at once."""
+    from core.metrics_log import read_metrics
+    from orchestrator.attempt.listeners import MetricsLog
+    from orchestrator.attempt.states import Records, Rewound
+
+    log = MetricsLog(str(tmp_path / "run"), tensorboard=False)
+    progress = Progress(total_steps=10)
+    log.event(Rewound([]), progress)
+    log.event(Records([{"step": 1, "loss": 1.0, "time": 1.0}]), progress)
+    assert read_metrics(str(tmp_path / "run")) == []  # buffered until the next flush
+    log.event(Records([{"step": 2, "loss": 0.9, "time": 2.0}], durable=True), progress)
+    assert [r["step"] for r in read_metrics(str(tmp_path / "run"))] == [1, 2]
+    log.log.close()

@@ -143,14 +143,20 @@ def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_o
         except (FileNotFoundError, OSError):
             return []
 
-    survivor = start_torchrun_group(0, tmp_path, lighthouse, faults, "group0.log", procs)
+    # group 1 starts first and leads; group 0 joins a few steps later and heals from it, then
+    # group 1 dies: group 0 leads on, and the log must still hold the records of the steps
+    # before it joined that group 1 had not finished when it sent its state
     doomed = start_torchrun_group(1, tmp_path, lighthouse, faults, "group1.log", procs)
-    replacement = None
+    survivor, replacement = None, None
+    first = tmp_path / "group0.log"
     try:
-        wait_for(lambda: shown_step(tmp_path / "group1.log") >= 10, "group 1 showed no step 10")
-        kill_tree(doomed)  # the group's torchrun and its worker, at once
+        wait_for(lambda: shown_step(tmp_path / "group1.log") >= 3, "group 1 showed no step 3")
+        survivor = start_torchrun_group(0, tmp_path, lighthouse, faults, "group0.log", procs)
+        wait_for(lambda: first.exists() and "group 0 healed from" in first.read_text(), "group 0 not healed")
+        joined = int(re.search(r"group 0 healed from a peer at step (\d+)", first.read_text()).group(1))
+        wait_for(lambda: shown_step(tmp_path / "group1.log") >= joined + 2, "group 1 stopped training")
+        kill_tree(doomed)  # the leading group's torchrun and its workers, at once, seconds after
         doomed.wait()
-        first = tmp_path / "group0.log"
         at_kill = shown_step(first)
         wait_for(lambda: shown_step(first) >= at_kill + 5, "the other group stopped training")
         replacement = start_torchrun_group(1, tmp_path, lighthouse, faults, "group1-new.log", procs)
@@ -175,4 +181,5 @@ def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_o
     assert summaries[0]["eval"] == summaries[1]["eval"]  # the same model in both groups at the end
     survivor_summary, replacement_summary = (s["replica_group"] for s in summaries)
     assert survivor_summary["group"] == 0 and survivor_summary["steps_degraded"] >= 5  # alone after the kill
+    assert survivor_summary["healed_at"] == [joined]  # it joined the first group, which led until killed
     assert replacement_summary["healed_at"] == [int(healed_at)] and replacement_summary["groups"] == 2

@@ -98,7 +98,8 @@ class RunContext:
         (bounded), so the summary names what pruning left in place."""
 
     def flush_metrics(self) -> None:
-        """The run has ended: what is buffered goes to the metrics log now."""
+        """What is buffered goes to the metrics log in storage now (the run has ended, or a
+        record must not wait for the log's next flush)."""
 
     def finish(self, summary: dict) -> None: ...
 

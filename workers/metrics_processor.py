@@ -76,6 +76,9 @@ class MetricsProcessor:
         # the log of its own from its history, which supersedes the last leader's
         self.writes: Callable[[], bool] | None = None
         self.log_from_here: Callable[[], list[dict]] = lambda: list(self.state.history)
+        # whether a step's record must be in storage as soon as it is logged (replica groups:
+        # a record a group that joined lacks)
+        self.durable: Callable[[int], bool] = lambda step: False
         self._writing = False
 
     def _flops_per_sample(self) -> int | None:
@@ -151,6 +154,8 @@ class MetricsProcessor:
             self.ctx.restore_metrics(self.log_from_here())
         elif writes:
             self.ctx.log_metrics(record)
+            if self.durable(record[records.STEP]):
+                self.ctx.flush_metrics()
         self._writing = writes
 
     def close(self) -> None:

@@ -185,11 +185,15 @@ class RayContext(RunContext):
         if time.monotonic() - self._sent_at >= SEND_EVERY_S:
             self._send()
 
-    def _send(self) -> None:
+    def _send(self, durable: bool = False) -> None:
         if self._pending:
-            self.controller.log.remote(self.group, self._pending)
+            self.controller.log.remote(self.group, self._pending, durable)
             self._pending = []
         self._sent_at = time.monotonic()
+
+    def flush_metrics(self) -> None:
+        if self.is_main:  # the controller writes them to the log in storage at once
+            self._send(durable=True)
 
     def log_rank_metrics(self, record: dict) -> None:
         # the loop calls this every `rank_metrics_every_s`: a gauge per rank, the newest wins

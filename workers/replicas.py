@@ -80,6 +80,10 @@ class Replicas:
         # the job's log as this group starts to write it (`join` sets the loop's)
         self.log_from_here: Callable[[], list[dict]] = list
         self._healed = False  # since the loop last asked
+        self._participants = 0  # in the quorum of the step before
+        # the newest step at which a group joined: records up to it that this group logs from
+        # then on are ones the joined group lacks (its peer had not finished them)
+        self.joined_at: int | None = None
         self.steps_retried = 0
         self.steps_degraded = 0
         pg = ProcessGroupGloo(timeout=TIMEOUT)
@@ -121,6 +125,16 @@ class Replicas:
     def begin(self) -> None:
         """The step's quorum (and, for a group behind its peers, the peer's state loaded)."""
         self.manager.start_quorum()
+        participants = self.participants
+        if self._participants and participants > self._participants:
+            self.joined_at = self.manager.current_step()
+        self._participants = participants
+
+    def lacked_by_a_joined_group(self, step: int) -> bool:
+        """Whether the record of `step`, finished only now, is one a group that joined lacks:
+        should this group be lost, that group reads it back from the log (`log_from_here`), so
+        it must be in storage at once, not at the log's next flush."""
+        return self.joined_at is not None and step <= self.joined_at
 
     def average(self, model: nn.Module) -> None:
         """Each gradient, averaged over the groups of the quorum: this rank's part of it, a

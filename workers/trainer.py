@@ -102,6 +102,7 @@ class Trainer:
         if self.replicas is not None:
             self.metrics.writes = lambda: self.replicas.leads
             self.metrics.log_from_here = self.replicas.log_from_here
+            self.metrics.durable = self.replicas.lacked_by_a_joined_group
 
     def _build_components(self) -> None:
         """The checkpointer, the metrics processor and the evaluator, each handed its parts."""

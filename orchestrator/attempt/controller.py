@@ -325,9 +325,10 @@ class AttemptController:
             step = resumed["step"] if resumed.get("checkpoint") else 0
             self.inbox.put(RunStarted(group, step, resumed.get("checkpoint"), resumed.get("skipped") or []))
 
-    def log(self, group: int, records: list[dict]) -> None:
+    def log(self, group: int, records: list[dict], durable: bool = False) -> None:
+        """Rank 0's records; `durable`: in the log in storage at once, not at its next flush."""
         if self._current(group):  # else: from a worker group that has since been replaced
-            self.inbox.put(Records(records))
+            self.inbox.put(Records(records, durable))
 
     def log_rank(self, group: int, rank: int, record: dict) -> None:
         if self._current(group):

@@ -92,6 +92,8 @@ class MetricsLog(Listener):
             self.log.rewind(event.records)
         elif isinstance(event, Records):
             self.log.append(event.records)
+            if event.durable:
+                self.log.flush()
 
     def state_changed(self, before: State, after: State, progress: Progress) -> None:
         if isinstance(after, Ended):

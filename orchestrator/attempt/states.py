@@ -121,6 +121,7 @@ class CheckpointSaved:
 @dataclass
 class Records:
     records: list[dict]
+    durable: bool = False  # to the log in storage at once (a record a joined group lacks)
 
 
 @dataclass
