@@ -18,8 +18,10 @@ the group joined, so the oldest group leads while it lives. Only the leader's wo
 checkpoints and metrics, so the job's log has each step once whichever group is lost; a group
 that comes to lead starts its own version of the log from its history (metrics_processor.py),
 with the few records a healed group never had (its peer's, still being summed when the peer
-sent its state) read back from the log. The loop asks `stop_agreed` each step for a stop
-request of any group (the largest code), so that every group stops at the same step.
+sent its state) read back from the log: the leader writes those to storage as soon as it logs
+them (`lacked_by_a_joined_group`), so a leader lost seconds after a heal takes none with it.
+The loop asks `stop_agreed` each step for a stop request of any group (the largest code), so
+that every group stops at the same step.
 
 Across the groups the collectives go over gloo (torchft's `ProcessGroupGloo`), on CPUs as on
 GPUs for now: NCCL between groups (torchft's own NCCL group) is for the GPU path to measure.
