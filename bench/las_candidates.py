@@ -38,3 +38,13 @@ CANDIDATES = {
     "wait-30m-minrun-1h": _candidate({"preempt_after_s": 0.5 * HOUR, "min_run_s": HOUR}),
     "wait-1h-minrun-2h": _candidate({"preempt_after_s": HOUR, "min_run_s": 2 * HOUR}),
 }
+# Tiresias' thresholds from the distribution of service (issue 51): each tuning VC's own
+# quantiles of GPU-seconds per job (0.5, 0.8, 0.95; the trace's, known in advance: what an
+# adaptive rule could at best learn), with `default`'s wait; lost on ed69ec (docs/scheduler.md)
+CANDIDATES.update(
+    {
+        "q-ed69ec": _candidate({"preempt_after_s": HOUR, "thresholds_gpu_s": [3305.0, 67783.0, 109250.0]}),
+        "q-ee9e8c": _candidate({"preempt_after_s": HOUR, "thresholds_gpu_s": [18648.0, 314728.0, 2102032.0]}),
+        "q-b436b2": _candidate({"preempt_after_s": HOUR, "thresholds_gpu_s": [1446.0, 2316.0, 691881.0]}),
+    }
+)
