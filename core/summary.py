@@ -1,10 +1,11 @@
 """A run's summary: the dict the training loop returns at the end, which the driver prints and
 reports to the service and `--summary PATH` writes.
 
-    job, run, status (succeeded | stopped_early | preempted | stopped | failed), reason, steps,
-    total_steps, final_train_loss, eval {eval_*}, samples_per_s, tokens_per_s, checkpoint,
-    restarts, resumed_from, elapsed_s, throughput, checkpoint_blocked_s, checkpoint_saves,
-    checkpoints_left (folders pruning left in place, and why)
+    job, run, status (succeeded | stopped_early | preempted | stopped | failed | left: a replica
+    group told to leave), reason, steps, total_steps, final_train_loss, eval {eval_*},
+    samples_per_s, tokens_per_s, checkpoint, restarts, resumed_from, elapsed_s, throughput,
+    checkpoint_blocked_s, checkpoint_saves, checkpoints_left (folders pruning left in place, and
+    why)
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ CLUSTER_FILES = {
     "test_checkpoint_faults_ray.py",
     "test_cluster.py",
     "test_faults.py",
+    "test_frozen_node.py",
     "test_head_restart.py",
     "test_mlflow_live.py",
     "test_monitoring.py",
@@ -74,8 +75,9 @@ CLUSTER_FILES = {
     "test_tenants_live.py",
     "test_up.py",
 }
-LATE_LANE_FILES = {"test_autoscaler.py", "test_head_restart.py"}  # clusters of their own
-CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling"}  # session or module scope
+# clusters of their own
+LATE_LANE_FILES = {"test_autoscaler.py", "test_frozen_node.py", "test_head_restart.py"}
+CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling", "frozen"}  # session or module scope
 
 
 def _lane(path: str) -> int:

@@ -8,9 +8,11 @@ import threading
 
 import pytest
 
+from core.spec import load_spec
 from orchestrator.attempt import policy
 from orchestrator.attempt.controller import AttemptController
 from orchestrator.attempt.listeners import Feed, Listener
+from orchestrator.attempt.runs import GroupRun, Runs
 from orchestrator.attempt.states import (
     TRANSITIONS,
     Aborting,
@@ -26,6 +28,7 @@ from orchestrator.attempt.states import (
     WorkerFailed,
     check_transition,
 )
+from tests.conftest import ROOT
 
 
 def test_a_stop_before_the_first_step_aborts_and_after_it_checkpoints():
@@ -198,3 +201,64 @@ def test_records_a_joined_group_lacks_are_in_storage_at_once_the_others_at_the_n
     log.event(Records([{"step": 2, "loss": 0.9, "time": 2.0}], durable=True), progress)
     assert [r["step"] for r in read_metrics(str(tmp_path / "run"))] == [1, 2]
     log.log.close()
+
+
+def two_groups():
+    sets = ["fault_tolerance.replica_groups=2", "resources.num_workers=2"]
+    return load_spec(ROOT / "jobs/convnet.yaml", sets)
+
+
+class StartsRecorded(Runs):
+    """`Runs` whose replacement groups are recorded, not started (no Ray Train here)."""
+
+    def _start(self, group, placement):
+        self.started.append((group, placement))
+        self.current[group] = GroupRun(group, placement)
+
+
+def test_a_group_judged_lost_while_it_runs_is_told_to_leave_and_replaced_without_waiting_for_it():
+    """The service marks a replica group lost (its node's raylet stopped answering, or Ray
+    declared the node dead) while the group's workers may still train: the attempt dismisses it
+    once, its worker group reads "leave" (the others the attempt's own stop), its summary is not
+    the attempt's, and its replacement starts once the service places it, whether or not the
+    dismissed run has ended."""
+    spec = two_groups()
+    controller = made_on_a_thread_of_its_own(AttemptController)
+    told = []
+    runs = controller.runs = StartsRecorded(spec, "run", None, told.append)
+    runs.started = []
+    runs.current = {0: GroupRun(0, {"a": 1}), 1: GroupRun(1, {"b": 1})}
+    assert controller.join("pg-1", 0, 1, 11, "10.0.0.1", "a", replica=0) == 0
+    assert controller.join("pg-2", 0, 1, 12, "10.0.0.2", "b", replica=1) == 1
+    controller._follow([{"a": 1}, {"b": 1}])
+    assert controller.stop_requested(0) is None and controller.stop_requested(1) is None and not told
+
+    controller._follow([{"a": 1}, {}])  # judged lost: no place for a replacement yet
+    assert controller.stop_requested(1) == "leave" and controller.stop_requested(0) is None
+    assert runs.current[1].dismissed and not runs.started
+    assert [(e.group, e.fields["state"]) for e in told] == [(1, "lost")]
+    controller._follow([{"a": 1}, {}])
+    assert len(told) == 1  # once
+
+    controller._follow([{"a": 1}, {"c": 1}])  # placed again: starts there, its old run still going
+    assert runs.started == [(1, {"c": 1})]
+    assert controller.join("pg-3", 0, 1, 13, "10.0.0.3", "c", replica=1) == 2
+    assert controller.stop_requested(2) is None and controller.stop_requested(1) == "leave"
+    controller.finish({"status": "left", "replica_group": {"group": 1}}, 1)  # the dismissed group's
+    assert controller.workers_summary is None and controller.group_summaries == {}
+    controller.finish({"status": "succeeded", "replica_group": {"group": 1}}, 2)
+    assert controller.workers_summary["status"] == "succeeded"
+
+
+def test_a_dismissed_run_that_ended_by_itself_is_lost_once_and_its_end_is_a_failure():
+    """A run Ray Train saw fail (its node declared dead) and then dismissed: told lost by its
+    `fit()` only; a dismissed run that ended without an error (its workers left) is a failure."""
+    spec = two_groups()
+    told = []
+    runs = StartsRecorded(spec, "run", None, told.append)
+    runs.started = []
+    failed = GroupRun(1, {"b": 1}, ended=True, failure={"died": [0], "text": "node died", "group": True})
+    runs.current = {0: GroupRun(0, {"a": 1}), 1: failed}
+    assert runs.follow([{"a": 1}, {}]) == [1] and told == []
+    assert failed.failure["text"] == "node died"
+    assert runs.failure() == failed.failure

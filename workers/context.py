@@ -62,7 +62,8 @@ class RunContext:
         return None
 
     def stop_requested(self) -> str | None:
-        """A request to checkpoint and stop ("preempt" or "stop"), or None. Called by rank 0
+        """A request to checkpoint and stop ("preempt" or "stop"), to leave without one (a
+        replica group its launcher judged lost: "leave"), or None. Called by rank 0
         whenever the ranks sum their logged losses; must return at once (no remote call on
         the training thread)."""
         return None

@@ -31,8 +31,9 @@ from workers.train_state import TrainState
 
 log = logging.getLogger("workers")
 
-# what rank 0 puts into the sum for a stop request
-STOP_CODES = {None: 0, "stop": 1, "preempt": 2}
+# what rank 0 puts into the sum for a stop request; "leave": this replica group alone ends
+# (its launcher judged it lost), without a checkpoint, while the others train on
+STOP_CODES = {None: 0, "stop": 1, "preempt": 2, "leave": 3}
 
 
 class TrainingError(RuntimeError):

@@ -109,7 +109,8 @@ class RayContext(RunContext):
     def _poll_stop(self) -> None:
         while not self._polling.is_set():
             try:
-                self._stop = ray.get(self.controller.stop_requested.remote(), timeout=10) or self._stop
+                asked = self.controller.stop_requested.remote(self.group)
+                self._stop = ray.get(asked, timeout=10) or self._stop
             except Exception:  # the driver is gone or busy: keep training, ask again later
                 pass
             self._polling.wait(STOP_POLL_S)
@@ -227,7 +228,7 @@ class RayContext(RunContext):
     def finish(self, summary: dict) -> None:
         if self.is_main:
             self._send()
-            ray.get(self.controller.finish.remote(summary))
+            ray.get(self.controller.finish.remote(summary, self.group))
 
     def teardown(self) -> None:
         self._polling.set()

@@ -21,7 +21,9 @@ with the few records a healed group never had (its peer's, still being summed wh
 sent its state) read back from the log: the leader writes those to storage as soon as it logs
 them (`lacked_by_a_joined_group`), so a leader lost seconds after a heal takes none with it.
 The loop asks `stop_agreed` each step for a stop request of any group (the largest code), so
-that every group stops at the same step.
+that every group stops at the same step; a group its launcher judged lost and told to leave
+takes part in that step's agreement, then leaves alone (`Trainer.run`), and the others' next
+quorum goes on without it.
 
 Across the groups the collectives go over gloo (torchft's `ProcessGroupGloo`), on CPUs as on
 GPUs for now: NCCL between groups (torchft's own NCCL group) is for the GPU path to measure.

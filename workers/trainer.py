@@ -223,7 +223,12 @@ class Trainer:
                     step, loss, settle=save_now or eval_now, grad_norm=self.grad_norm
                 )
                 if self.replicas is not None:  # a stop request reaches every group at this step
-                    stop = self.replicas.stop_agreed(stop)
+                    leave = stop == STOP_CODES["leave"]  # this group alone, after the step's agreement
+                    stop = self.replicas.stop_agreed(0 if leave else stop)
+                    if leave:  # the others' next quorum goes on without this group
+                        self.replicas.shutdown()
+                        status, reason = "left", f"left the job's replica groups at step {step}"
+                        break
                 if stop and step < self.total_steps:  # at the last step: just finish
                     status = "preempted" if stop == STOP_CODES["preempt"] else "stopped"
                     reason = f"{status} at step {step}"
@@ -248,7 +253,7 @@ class Trainer:
         self.checkpointer.publish_pending()  # an async save still being written (a good one, even on failure)
         elapsed = time.perf_counter() - self.metrics.started
         eval_metrics = self.evaluator.final_metrics(status)
-        if status != "failed" and self._writes():
+        if status not in ("failed", "left") and self._writes():
             self.checkpointer.save_final()  # or the step a preempted or stopped run resumes from
             self.ctx.settle_checkpoints()
         self.ctx.flush_metrics()

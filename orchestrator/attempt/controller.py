@@ -85,6 +85,7 @@ class AttemptController:
         self.group_summaries: dict[int, dict] = {}  # with replica groups: each group's part
         self.led = False  # with replica groups: a group has led (and so started the run)
         self.members: dict[int, dict[int, dict]] = {}  # group -> rank -> where it runs
+        self.dismissed: set[int] = set()  # worker groups told to leave (their replica group was lost)
         self.error: dict | None = None  # the first failure worth reporting
         self.workers_summary: dict | None = None  # rank 0's, at the end
         self.stop: str | None = None  # the stop rank 0 reads ("stop" or "preempt")
@@ -195,9 +196,16 @@ class AttemptController:
             self._end(self._ended_summary())
         elif self.record is not None:
             request = self.record.report(self.progress)
-            self.runs.follow(self.record.group_placements)  # a lost replica group placed again
+            self._follow(self.record.group_placements)
             if request is not None:
                 self._set_state(policy.after_stop_request(self.state, request))
+
+    def _follow(self, placements: list[dict[str, int]] | None) -> None:
+        """The service's placement of the replica groups: a group judged lost is told to leave
+        (its newest worker group), a lost one placed again starts there."""
+        for replica in self.runs.follow(placements):
+            if replica in self.latest:
+                self.dismissed.add(self.latest[replica])
 
     def _ended_summary(self) -> dict:
         replicas = self.runs.groups > 1  # a replaced group is no restart
@@ -346,10 +354,14 @@ class AttemptController:
         """The reason of a failure not worth retrying, if there was one."""
         return self.error["reason"] if self.error and not self.error["retry"] else None
 
-    def stop_requested(self) -> str | None:
-        return self.stop
+    def stop_requested(self, group: int | None = None) -> str | None:
+        """What worker group `group`'s rank 0 is to do: "leave" (its replica group was judged
+        lost: the others train on without it), or the attempt's stop request, if any."""
+        return "leave" if group in self.dismissed else self.stop
 
-    def finish(self, summary: dict) -> None:
+    def finish(self, summary: dict, group: int | None = None) -> None:
+        if group in self.dismissed:  # a group that left: the attempt's summary is the others'
+            return
         part = summary.get("replica_group")
         if part is not None:  # each group's rank 0 reports; the groups trained the same steps
             self.group_summaries[part["group"]] = part

@@ -6,12 +6,15 @@ the job's workers, placed where the service counted that group (`launcher.group_
 and a lighthouse beside the attempt for their quorum (`orchestrator/ray/lighthouse.py`). Ray
 Train never restarts a group's run: a group whose run fails is lost while the others train
 on, and the attempt starts a replacement on the nodes the service places it on
-(`follow`); the new group heals from a live peer (workers/replicas.py).
+(`follow`); the new group heals from a live peer (workers/replicas.py). A group the service
+judged lost while its run goes on (a node whose raylet stopped answering while its workers
+still train) is dismissed: its workers are told to leave at their next step (the attempt's
+`stop_requested`), and its replacement starts without waiting for them.
 
     start     every run of the attempt
     alive     whether any run is still going (the attempt ends when none is)
-    follow    the service's placement of each group: a lost group whose new place is known
-              starts again there
+    follow    the service's placement of each group: a group placed elsewhere (or nowhere) is
+              dismissed; a lost group whose new place is known starts again there
     failure   how the attempt's runs failed, if no run ended well
 """
 
@@ -36,6 +39,7 @@ class GroupRun:
     thread: threading.Thread | None = None
     failure: dict | None = None  # how its `fit()` failed (`launcher.describe_failure`)
     ended: bool = False
+    dismissed: str | None = None  # why the service no longer counts it (its workers leave)
 
 
 class Runs:
@@ -48,6 +52,7 @@ class Runs:
         self.ended: list[GroupRun] = []
         self.lighthouse = None  # held: the actor lives while its handle does
         self.address: str | None = None
+        self._ending = threading.Lock()  # a run's end and its dismissal, each seeing the other
 
     def start(self, placement: dict[str, int] | None) -> None:
         if self.groups == 1:
@@ -71,8 +76,12 @@ class Runs:
             except BaseException as err:  # reported in the summary, with the workers' own reason
                 entry.failure = launcher.describe_failure(err)
             finally:
-                entry.ended = True
-                if replica is not None:
+                with self._ending:
+                    if entry.dismissed and entry.failure is None:  # its workers left when told to
+                        entry.failure = {"died": [], "text": entry.dismissed, "group": True}
+                    entry.ended = True
+                    dismissed = entry.dismissed
+                if replica is not None and not dismissed:
                     fields = {"state": "lost", "lost_at": time.time(), "reason": entry.failure["text"][:200]}
                     self.tell(GroupChanged(group, fields if entry.failure else {"state": "ended"}))
 
@@ -95,14 +104,29 @@ class Runs:
         if going:
             going[0].thread.join(timeout)
 
-    def follow(self, placements: list[dict[str, int]] | None) -> None:
-        """Start a replacement for each lost group the service has placed again."""
+    def follow(self, placements: list[dict[str, int]] | None) -> list[int]:
+        """The service's placement of each group: a group it placed elsewhere or nowhere (lost)
+        is dismissed, whether or not Ray Train has seen its run fail (a node Ray declared dead
+        may still run its workers: a raylet that froze); a replacement starts for each lost
+        group the service has placed again. Returns the groups dismissed now."""
         if self.groups == 1 or not placements or not self.alive():
-            return
+            return []
+        dismissed = []
         for group, placement in enumerate(placements):
             run = self.current.get(group)
-            if run is not None and run.ended and run.failure and placement and placement != run.placement:
+            if run is None or placement == run.placement:
+                continue
+            if run.dismissed is None:
+                dismissed.append(group)
+                with self._ending:  # told lost once: here, or by its `fit()` as it failed
+                    run.dismissed = "the service judged its node(s) lost"
+                    told = run.ended and run.failure
+                if not told:
+                    lost = {"state": "lost", "lost_at": time.time(), "reason": run.dismissed}
+                    self.tell(GroupChanged(group, lost))
+            if placement:
                 self._start(group, placement)
+        return dismissed
 
     def failure(self) -> dict | None:
         """The attempt's failure: none if a run ended well (a lost group's does not fail the

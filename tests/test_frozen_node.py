@@ -1,0 +1,116 @@
+"""A node whose raylet freezes while the workers on it train on: a job of replica groups.
+
+A raylet can hang (a machine thrashing, a stuck kernel call); here it gets SIGSTOP. Ray's
+health checks declare the node dead after about a minute (Ray's defaults), but nothing ends the
+node's processes: its workers train on, in the job's quorum, until the raylet wakes and learns
+it is dead. The service then counts that group lost and places its replacement on the free
+node; the attempt tells the frozen group to leave, and its workers stop training at once,
+while the raylet is still frozen. Counted from the ground truth: the frozen workers' CPU time
+(`ps`), the metrics log on disk, the job's history.
+
+A cluster of its own (it freezes a node for a minute): a head without slots (the attempt's
+controller and the service) and three worker nodes of one slot each.
+"""
+
+import contextlib
+import signal
+import time
+
+import psutil
+import pytest
+
+from orchestrator.testing.local_cluster import list_actors, start_ray_head, stop_ray_head
+from tests.conftest import Service
+from tests.service_helpers import events, train_steps, when
+from tests.test_head_restart import processes_of
+
+IDLE_CPU_S = 0.3  # CPU seconds in WINDOW_S of a worker that no longer trains (one that trains: 1-2)
+WINDOW_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("frozen")
+    head = start_ray_head(num_cpus=4)  # Ray's own health checks; no slot: the groups go to the nodes
+    svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
+    try:
+        for name in ("node-1", "node-2", "node-3"):
+            head.add_node(name, 2, {"slot": 1})
+        svc.up()
+        yield svc
+    finally:
+        for node in head.nodes:  # a raylet left frozen by a failed test must be able to stop
+            with contextlib.suppress(RuntimeError, psutil.Error):
+                node.raylet().send_signal(signal.SIGCONT)
+        svc.cli("down", timeout=60)
+        stop_ray_head(head)
+        left = processes_of(head)
+        assert not left, f"processes of the cluster left running: {left}"
+
+
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def cpu_in_window(pid: int) -> float:
+    before = cpu_seconds(pid)
+    time.sleep(WINDOW_S)
+    return cpu_seconds(pid) - before
+
+
+@pytest.mark.timeout(600)
+def test_a_group_whose_raylet_froze_leaves_at_once_and_its_replacement_heals(frozen):
+    svc = frozen
+    name = svc.paced("frozen", 0.05)  # still training a minute and more after the freeze
+    a = svc.submit("fault_tolerance.replica_groups=2", "checkpoint.every_steps=50", steps=3000, name=name)
+    run_dir = svc.runs / svc.job(a)["run"]
+    job = svc.wait(a, lambda j: j["state"] == "running" and j["step"] >= 20, what="step 20")
+    nodes = {svc.head.node_id_of(n): n for n in svc.head.nodes}
+    placed = job["group_placements"]
+    assert sorted(sum(p.values()) for p in placed) == [1, 1] and set(job["placement"]) <= set(nodes), placed
+    victim = sorted(job["placement"])[0]
+    lost_group = next(g for g, p in enumerate(placed) if victim in p)
+    workers = list_actors(svc.head.dashboard, svc.head.env, "RayTrainWorker")
+    frozen_pids = [w["pid"] for w in workers if w["state"] == "ALIVE" and w["node_id"] == victim]
+    assert len(frozen_pids) == 1, workers
+    training = cpu_in_window(frozen_pids[0])
+    assert training > IDLE_CPU_S  # it trains
+
+    raylet = nodes[victim].raylet()
+    frozen_at = time.time()
+    raylet.send_signal(signal.SIGSTOP)
+    lost = svc.wait(a, lambda j: "group-lost" in events(j), timeout=180, what="group-lost")
+    lost_at = when(lost, "group-lost")
+    assert lost["attempt"] == 1 and lost["state"] == "running"
+    # told to leave, the frozen group's worker stops training while its raylet is still frozen
+    # (nothing else could end it: Ray has declared its node dead)
+    deadline = lost_at + 30
+    while (spent := cpu_in_window(frozen_pids[0])) > IDLE_CPU_S:
+        assert time.time() < deadline, f"the frozen group still trains ({spent:.2f} CPU s in {WINDOW_S:g} s)"
+    left_s = time.time() - lost_at
+    assert raylet.status() == psutil.STATUS_STOPPED and psutil.pid_exists(frozen_pids[0])
+
+    # the free node takes the lost group's place; the new group heals from the live one
+    healed = svc.wait(
+        a,
+        lambda j: j["replica_groups"][str(lost_group)].get("healed_at", 0) > lost_at,
+        timeout=120,
+        what="the new group's heal",
+    )
+    group = healed["replica_groups"][str(lost_group)]
+    assert group["state"] == "training" and victim not in group["nodes"]
+    raylet.send_signal(signal.SIGCONT)  # it learns it is dead and ends, its worker with it
+    svc.release(name)
+    done = svc.done(a, timeout=300)
+    assert done["attempt"] == 1 and "node-lost" not in events(done)  # never requeued
+    assert train_steps(run_dir) == list(range(5, 3001, 5))  # every logged step once
+    parts = {p["group"]: p for p in done["summary"]["replica_groups"]}
+    assert parts[lost_group]["healed_at"] == [group["healed_step"]]  # the replacement's part
+    print(
+        f"raylet frozen (SIGSTOP) under one of 2 replica groups: Ray declared its node dead and the "
+        f"service counted the group lost {lost_at - frozen_at:.0f} s after the freeze; the frozen "
+        f"group stopped training {left_s:.1f} s after that (its raylet still frozen; {spent:.2f} CPU s "
+        f"in {WINDOW_S:g} s, {training:.2f} while it trained); the "
+        f"replacement healed {group['healed_at'] - lost_at:.1f} s after the loss"
+    )
