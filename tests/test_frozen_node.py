@@ -1,4 +1,5 @@
-"""A node whose raylet freezes while the workers on it train on: a job of replica groups.
+"""A node whose raylet freezes while the workers on it train on: a job of replica groups, each
+of two workers sharding the model with FSDP2 (HSDP: FSDP2 inside a group, DDP across groups).
 
 A raylet can hang (a machine thrashing, a stuck kernel call); here it gets SIGSTOP. Ray's
 health checks declare the node dead after about a minute (Ray's defaults), but nothing ends the
@@ -9,7 +10,7 @@ while the raylet is still frozen. Counted from the ground truth: the frozen work
 (`ps`), the metrics log on disk, the job's history.
 
 A cluster of its own (it freezes a node for a minute): a head without slots (the attempt's
-controller and the service) and three worker nodes of one slot each.
+controller and the service) and three worker nodes of two slots each: a group per node.
 """
 
 import contextlib
@@ -24,7 +25,7 @@ from tests.conftest import Service
 from tests.service_helpers import events, train_steps, when
 from tests.test_head_restart import processes_of
 
-IDLE_CPU_S = 0.3  # CPU seconds in WINDOW_S of a worker that no longer trains (one that trains: 1-2)
+IDLE_CPU_S = 0.3  # CPU seconds in WINDOW_S of a group that no longer trains (idle: ~0.1; training: ~2)
 WINDOW_S = 5.0
 
 
@@ -35,7 +36,7 @@ def frozen(tmp_path_factory):
     svc = Service(head, tmp / "home", tmp / "store", tmp / "runs")
     try:
         for name in ("node-1", "node-2", "node-3"):
-            head.add_node(name, 2, {"slot": 1})
+            head.add_node(name, 2, {"slot": 2})
         svc.up()
         yield svc
     finally:
@@ -53,29 +54,31 @@ def cpu_seconds(pid: int) -> float:
     return times.user + times.system
 
 
-def cpu_in_window(pid: int) -> float:
-    before = cpu_seconds(pid)
+def cpu_in_window(*pids: int) -> float:
+    """The CPU seconds the processes spend in the next WINDOW_S, together."""
+    before = sum(map(cpu_seconds, pids))
     time.sleep(WINDOW_S)
-    return cpu_seconds(pid) - before
+    return sum(map(cpu_seconds, pids)) - before
 
 
 @pytest.mark.timeout(600)
-def test_a_group_whose_raylet_froze_leaves_at_once_and_its_replacement_heals(frozen):
+def test_an_hsdp_group_whose_raylet_froze_leaves_at_once_and_its_replacement_heals(frozen):
     svc = frozen
-    name = svc.paced("frozen", 0.05)  # still training a minute and more after the freeze
-    a = svc.submit("fault_tolerance.replica_groups=2", "checkpoint.every_steps=50", steps=3000, name=name)
+    name = svc.paced("frozen", 0.1)  # still training a minute and more after the freeze
+    sets = ("resources.num_workers=4", "parallel.strategy=fsdp2", "fault_tolerance.replica_groups=2")
+    a = svc.submit(*sets, "checkpoint.every_steps=50", steps=1200, name=name)
     run_dir = svc.runs / svc.job(a)["run"]
     job = svc.wait(a, lambda j: j["state"] == "running" and j["step"] >= 20, what="step 20")
     nodes = {svc.head.node_id_of(n): n for n in svc.head.nodes}
     placed = job["group_placements"]
-    assert sorted(sum(p.values()) for p in placed) == [1, 1] and set(job["placement"]) <= set(nodes), placed
+    assert [len(p) for p in placed] == [1, 1] and set(job["placement"]) <= set(nodes), placed  # a node each
     victim = sorted(job["placement"])[0]
     lost_group = next(g for g, p in enumerate(placed) if victim in p)
     workers = list_actors(svc.head.dashboard, svc.head.env, "RayTrainWorker")
     frozen_pids = [w["pid"] for w in workers if w["state"] == "ALIVE" and w["node_id"] == victim]
-    assert len(frozen_pids) == 1, workers
-    training = cpu_in_window(frozen_pids[0])
-    assert training > IDLE_CPU_S  # it trains
+    assert len(frozen_pids) == 2, workers
+    training = cpu_in_window(*frozen_pids)
+    assert training > IDLE_CPU_S  # they train
 
     raylet = nodes[victim].raylet()
     frozen_at = time.time()
@@ -86,10 +89,10 @@ def test_a_group_whose_raylet_froze_leaves_at_once_and_its_replacement_heals(fro
     # told to leave, the frozen group's worker stops training while its raylet is still frozen
     # (nothing else could end it: Ray has declared its node dead)
     deadline = lost_at + 30
-    while (spent := cpu_in_window(frozen_pids[0])) > IDLE_CPU_S:
+    while (spent := cpu_in_window(*frozen_pids)) > IDLE_CPU_S:
         assert time.time() < deadline, f"the frozen group still trains ({spent:.2f} CPU s in {WINDOW_S:g} s)"
     left_s = time.time() - lost_at
-    assert raylet.status() == psutil.STATUS_STOPPED and psutil.pid_exists(frozen_pids[0])
+    assert raylet.status() == psutil.STATUS_STOPPED and all(psutil.pid_exists(pid) for pid in frozen_pids)
 
     # the free node takes the lost group's place; the new group heals from the live one
     healed = svc.wait(
@@ -104,13 +107,13 @@ def test_a_group_whose_raylet_froze_leaves_at_once_and_its_replacement_heals(fro
     svc.release(name)
     done = svc.done(a, timeout=300)
     assert done["attempt"] == 1 and "node-lost" not in events(done)  # never requeued
-    assert train_steps(run_dir) == list(range(5, 3001, 5))  # every logged step once
+    assert train_steps(run_dir) == list(range(5, 1201, 5))  # every logged step once
     parts = {p["group"]: p for p in done["summary"]["replica_groups"]}
     assert parts[lost_group]["healed_at"] == [group["healed_step"]]  # the replacement's part
     print(
-        f"raylet frozen (SIGSTOP) under one of 2 replica groups: Ray declared its node dead and the "
-        f"service counted the group lost {lost_at - frozen_at:.0f} s after the freeze; the frozen "
-        f"group stopped training {left_s:.1f} s after that (its raylet still frozen; {spent:.2f} CPU s "
-        f"in {WINDOW_S:g} s, {training:.2f} while it trained); the "
+        f"raylet frozen (SIGSTOP) under one of 2 replica groups (HSDP, 2 workers each): Ray "
+        f"declared its node dead and the service counted the group lost {lost_at - frozen_at:.0f} s "
+        f"after the freeze; the frozen group stopped training {left_s:.1f} s after that (its raylet "
+        f"still frozen; {spent:.2f} CPU s in {WINDOW_S:g} s, {training:.2f} while it trained); the "
         f"replacement healed {group['healed_at'] - lost_at:.1f} s after the loss"
     )
