@@ -63,21 +63,22 @@ CLUSTER_FILES = {
     "test_checkpoint_faults_ray.py",
     "test_cluster.py",
     "test_faults.py",
-    "test_frozen_node.py",
     "test_head_restart.py",
     "test_mlflow_live.py",
     "test_monitoring.py",
     "test_queues_live.py",
     "test_ray_jobs.py",
     "test_ray_run.py",
+    "test_replica_cluster.py",
     "test_service.py",
     "test_service_recovery.py",
     "test_tenants_live.py",
     "test_up.py",
 }
 # clusters of their own
-LATE_LANE_FILES = {"test_autoscaler.py", "test_frozen_node.py", "test_head_restart.py"}
-CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling", "frozen"}  # session or module scope
+LATE_LANE_FILES = {"test_autoscaler.py", "test_head_restart.py", "test_replica_cluster.py"}
+# session or module scope
+CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling", "cluster", "frozen"}
 
 
 def _lane(path: str) -> int:

@@ -199,6 +199,8 @@ class AttemptController:
             self._follow(self.record.group_placements)
             if request is not None:
                 self._set_state(policy.after_stop_request(self.state, request))
+        elif self.fatal() is None:  # no service places a lost replica group: Ray does
+            self.runs.replace_lost()
 
     def _follow(self, placements: list[dict[str, int]] | None) -> None:
         """The service's placement of the replica groups: a group judged lost is told to leave

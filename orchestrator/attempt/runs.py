@@ -15,6 +15,7 @@ still train) is dismissed: its workers are told to leave at their next step (the
     alive     whether any run is still going (the attempt ends when none is)
     follow    the service's placement of each group: a group placed elsewhere (or nowhere) is
               dismissed; a lost group whose new place is known starts again there
+    replace_lost  without a service: a lost group starts again wherever Ray finds room
     failure   how the attempt's runs failed, if no run ended well
 """
 
@@ -127,6 +128,15 @@ class Runs:
             if placement:
                 self._start(group, placement)
         return dismissed
+
+    def replace_lost(self) -> None:
+        """Without a service (`orchestrator run`): a lost group starts again at once, where Ray
+        finds room for it (its run waits until there is some), while another group trains."""
+        if self.groups == 1 or not self.alive():
+            return
+        for group, run in list(self.current.items()):
+            if run.ended and run.failure and run.placement is None:
+                self._start(group, None)
 
     def failure(self) -> dict | None:
         """The attempt's failure: none if a run ended well (a lost group's does not fail the

@@ -77,8 +77,11 @@ def trainer(
     config["replica"] = replica
     failures = {"max_failures": spec.fault_tolerance.max_failures}
     if replica is not None:  # a group's run ends at its first failure, a lost node's (a
-        # "preemption" to Ray Train) too: the attempt places its replacement, not Ray Train
+        # "preemption" to Ray Train) too: the attempt starts its replacement, not Ray Train;
+        # one the service did not place (`orchestrator run`) waits for room, as Ray Train's do
         failures = {"max_failures": 0, "max_preemption_failures": 0, "controller_failure_limit": 0}
+        if not placement:
+            failures["controller_failure_limit"] = -1  # a start that timed out is tried again
     return internals.lean_trainer()(
         train_worker,
         train_loop_config=config,
