@@ -5,7 +5,7 @@ reports to the service and `--summary PATH` writes.
     group told to leave), reason, steps, total_steps, final_train_loss, eval {eval_*},
     samples_per_s, tokens_per_s, checkpoint, restarts, resumed_from, elapsed_s, throughput,
     checkpoint_blocked_s, checkpoint_saves, checkpoints_left (folders pruning left in place, and
-    why)
+    why), loss_scale (fp16: the loss scaler's scale at the end)
 """
 
 from __future__ import annotations

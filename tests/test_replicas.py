@@ -183,3 +183,36 @@ def test_a_job_trains_on_through_a_killed_group_and_a_new_group_heals_from_the_o
     assert survivor_summary["group"] == 0 and survivor_summary["steps_degraded"] >= 5  # alone after the kill
     assert survivor_summary["healed_at"] == [joined]  # it joined the first group, which led until killed
     assert replacement_summary["healed_at"] == [int(healed_at)] and replacement_summary["groups"] == 2
+
+
+def test_fp16_groups_skip_the_same_steps_and_end_with_the_same_model(tmp_path):
+    """fp16 under torchrun, two groups of one process: the gradients are averaged over the
+    groups before the loss scaler looks at them, so every group's scaler skips the same steps
+    (an overflow halves its scale) and the groups never part. Both in every quorum."""
+    server = start_lighthouse(2)
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    sets = [
+        "fault_tolerance.replica_groups=2",
+        "resources.num_workers=2",
+        "precision.dtype=fp16",
+        "train.steps=40",
+        "metrics.log_every=10",
+        "checkpoint.every_steps=1000",
+        f"checkpoint.storage={tmp_path / 'runs'}",
+        "name=fp16",
+    ]
+    try:
+        lighthouse = server.address()
+        procs = [
+            torchrun_group(g, sets, tmp_path / f"group{g}.json", lighthouse, faults, tmp_path / f"g{g}.log")
+            for g in (0, 1)
+        ]
+        for g, proc in enumerate(procs):
+            assert proc.wait(timeout=300) == 0, (tmp_path / f"g{g}.log").read_text()[-3000:]
+    finally:
+        server.shutdown()
+    first, second = (json.loads((tmp_path / f"group{g}.json").read_text()) for g in (0, 1))
+    assert (first["status"], first["steps"]) == (second["status"], second["steps"]) == ("succeeded", 40)
+    assert first["loss_scale"] == second["loss_scale"] < 2.0**16  # steps skipped, the same in both
+    assert first["eval"] == second["eval"]  # the same model in both groups at the end

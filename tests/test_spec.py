@@ -30,13 +30,12 @@ def problems_for(mutate) -> list[str]:
     return problems
 
 
-def groups(num_workers=2, strategy="ddp", batch_size=64, dtype="fp32"):
+def groups(num_workers=2, strategy="ddp", batch_size=64):
     """A spec of two replica groups, less what the case changes."""
     fields = {
         "resources.num_workers": num_workers,
         "parallel.strategy": strategy,
         "data.batch_size": batch_size,
-        "precision.dtype": dtype,
         "fault_tolerance.replica_groups": 2,
     }
     return lambda raw: [setter(path, value)(raw) for path, value in fields.items()]
@@ -132,7 +131,6 @@ BAD_FIELDS = [
     (setter("fault_tolerance.replica_groups", 0), "fault_tolerance.replica_groups", "allowed: 1 to 64"),
     (groups(num_workers=3, batch_size=48), "fault_tolerance.replica_groups", "2 groups do not divide"),
     (groups(num_workers={"min": 2, "max": 4}), "fault_tolerance.replica_groups", "not with an elastic"),
-    (groups(dtype="fp16"), "fault_tolerance.replica_groups", "not with precision.dtype fp16"),
     (setter("scheduling.priority", 5000), "scheduling.priority", "5000 is out of range; allowed: 0 to 1000"),
     (setter("metrics.prometheus_port", 9100), "metrics.prometheus_port", "unknown field"),  # removed
     (setter("scheduling.queue", "Fast Lane"), "scheduling.queue", "lowercase letters"),

@@ -290,6 +290,8 @@ class Trainer:
             "checkpoint_saves": checkpointer.saves,
             "checkpoints_left": checkpointer.left_in_place(),
             "startup": self.startup,
+            # fp16: the loss scaler's scale at the end (halved at each step it skipped)
+            "loss_scale": scaler.get_scale() if (scaler := self.precision.scaler).is_enabled() else None,
         }
         if self.replicas is not None:
             summary["replica_group"] = self.replicas.summary()
