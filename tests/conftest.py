@@ -70,13 +70,19 @@ CLUSTER_FILES = {
     "test_ray_jobs.py",
     "test_ray_run.py",
     "test_replica_cluster.py",
+    "test_replica_run.py",
     "test_service.py",
     "test_service_recovery.py",
     "test_tenants_live.py",
     "test_up.py",
 }
 # clusters of their own
-LATE_LANE_FILES = {"test_autoscaler.py", "test_head_restart.py", "test_replica_cluster.py"}
+LATE_LANE_FILES = {
+    "test_autoscaler.py",
+    "test_head_restart.py",
+    "test_replica_cluster.py",
+    "test_replica_run.py",
+}
 # session or module scope
 CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling", "cluster", "frozen"}
 
