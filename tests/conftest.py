@@ -17,7 +17,9 @@ from orchestrator.testing.local_cluster import (  # noqa: F401
 from orchestrator.testing.s3_server import restore, start_s3_server
 
 ROOT = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.cpu_per_test"]  # SUITE_CPU_LOG=FILE: CPU seconds per test
+# SUITE_CPU_LOG=FILE: CPU seconds per test (cpu_per_test); the tests' order and when the
+# session's clusters stop (lanes)
+pytest_plugins = ["tests.cpu_per_test", "tests.lanes"]
 
 
 def run_cli(
@@ -45,80 +47,6 @@ def cli():
 
 
 # --- real Ray clusters (orchestrator/testing/local_cluster.py): one per session, as a user starts one
-
-# With `-n` (scripts/test.sh runs `-n auto`), the files whose tests start Ray clusters run in
-# two lanes, each on one pytest-xdist worker, one test after the other. The lane of the
-# session's shared clusters starts first; the other tests run on the other worker meanwhile, and
-# when they are done that worker takes the late lane (LATE_LANE_FILES): the tests that start a
-# cluster of their own. Alone, the first lane used ~1.4 of the 2 cores in its last ~16 minutes.
-# (test_ray_run.py moved to the late lane, on a `ray_head` of that worker's, tried on
-# 2026-11-29: 25 min 54 s against 25 min 40 s; the lanes slowed each other on 2 cores.)
-# tests/test_up.py stays in the first lane, last: on 2026-11-28, in the second lane beside the
-# first, Ray's Jobs API refused its `ray job submit` under the load in two runs of two ("No
-# available agent to submit job, please try again later"). (Two lanes from the start, tried on
-# 2026-11-27: three tests failed their time bounds on the 2 cores.) A test that starts a
-# cluster in a file not listed here is a collection error.
-CLUSTER_FILES = {
-    "test_autoscaler.py",
-    "test_checkpoint_faults_ray.py",
-    "test_cluster.py",
-    "test_faults.py",
-    "test_head_restart.py",
-    "test_mlflow_live.py",
-    "test_monitoring.py",
-    "test_queues_live.py",
-    "test_ray_jobs.py",
-    "test_ray_run.py",
-    "test_replica_cluster.py",
-    "test_replica_run.py",
-    "test_service.py",
-    "test_service_recovery.py",
-    "test_tenants_live.py",
-    "test_up.py",
-}
-# clusters of their own
-LATE_LANE_FILES = {
-    "test_autoscaler.py",
-    "test_head_restart.py",
-    "test_replica_cluster.py",
-    "test_replica_run.py",
-}
-# session or module scope
-CLUSTER_FIXTURES = {"ray_head", "service", "ft_service", "scaling", "cluster", "frozen"}
-
-
-def _lane(path: str) -> int:
-    """0: the shared clusters' lane, 1: the other tests, 2: the late lane (last)."""
-    name = Path(path).name
-    return 2 if name in LATE_LANE_FILES else 0 if name in CLUSTER_FILES else 1
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        defs = item._fixtureinfo.name2fixturedefs
-        # a module's own function-scoped fixture named `service` (the tenants' unit tests) starts none
-        shared = [defs[name][-1].scope for name in CLUSTER_FIXTURES & defs.keys()]
-        starts_one = item.get_closest_marker("cluster") or any(s in ("session", "module") for s in shared)
-        if starts_one and item.path.name not in CLUSTER_FILES:
-            raise pytest.UsageError(f"{item.nodeid} starts a Ray cluster: add its file to CLUSTER_FILES")
-    # xdist hands out scopes in this order: the shared clusters' lane first, the late lane last;
-    # test_up.py ends the first lane, after the second lane is done
-    items.sort(key=lambda item: (_lane(str(item.path)), item.path.name == "test_up.py"))
-
-
-def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ClusterLanes(LoadScopeScheduling):
-        """xdist's scope scheduling with one scope per lane of cluster tests, one per other test."""
-
-        def _split_scope(self, nodeid: str) -> str:
-            lane = _lane(nodeid.split("::")[0])
-            return ("ray-clusters", nodeid, "ray-clusters-late")[lane]
-
-    config.option.loadscopereorder = False  # xdist puts the largest scopes first: keep the lanes' order
-    return ClusterLanes(config, log)
-
 
 _free_ports = free_ports  # the name other test modules import (orchestrator/testing/local_cluster.py)
 
@@ -167,11 +95,11 @@ def faults_folder(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_head(s3):  # its processes inherit the S3 server's endpoint and credentials
+    from tests.lanes import released_early
+
     head = start_ray_head()
-    try:
+    with released_early("ray_head", lambda: stop_ray_head(head)):
         yield head
-    finally:
-        stop_ray_head(head)
 
 
 # --- an orchestrator service on a cluster of its own (tests/test_service.py, test_monitoring.py)
@@ -321,7 +249,14 @@ def service(tmp_path_factory, s3):
     svc.local = tmp / "local"  # each worker node's own disk
     svc.local.mkdir()
     head.private_disks = [str(svc.local)]
-    try:
+
+    def stop() -> None:
+        svc.cli("down", timeout=60)
+        stop_ray_head(head)
+
+    from tests.lanes import released_early
+
+    with released_early("service", stop):
         for name, (cpus, slots) in SERVICE_NODES.items():
             if name != "head":
                 head.add_node(name, cpus, {"slot": slots})
@@ -331,9 +266,6 @@ def service(tmp_path_factory, s3):
         assert f"{len(SERVICE_NODES)} node(s)" in up.stdout, up.stdout
         svc.page = json.loads((svc.home / "cluster.json").read_text())["status_page"]
         yield svc
-    finally:
-        svc.cli("down", timeout=60)
-        stop_ray_head(head)
 
 
 def pytest_terminal_summary(terminalreporter):
