@@ -5,9 +5,11 @@ its own (it kills a node): a head without slots and three nodes of two slots eac
 """
 
 import json
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +33,12 @@ def wait_for(predicate, timeout: float, what: str, process: subprocess.Popen):
         assert time.time() < deadline, f"timed out waiting for {what}"
         time.sleep(0.5)
     return found
+
+
+def healed_after(log: Path, step: int) -> bool:
+    """Whether `orchestrator run` showed a group healed from a peer after `step`."""
+    healed = re.findall(r"replica group \d+ healed from a peer at step (\d+)", log.read_text())
+    return any(int(s) > step for s in healed)
 
 
 @pytest.mark.timeout(420)
@@ -64,6 +72,9 @@ def test_orchestrator_run_starts_a_lost_group_again_where_ray_finds_room(cluster
         nodes = {head.node_id_of(n): n for n in head.nodes}
         step_at_kill = max(train_steps(run_dir))
         head.kill_node(nodes[placed[0]])
+        # paced until the new group has healed (what `orchestrator run` shows), then at full speed
+        wait_for(lambda: healed_after(tmp_path / "run.log", step_at_kill), 240, "the heal", run)
+        cluster.release(name)
         assert run.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
         if run.poll() is None:
