@@ -224,6 +224,8 @@ def check_decision(policy, capacity, quotas, now, pending, running_now, decision
                 continue
             if not book.allows(smallest(waiting)) or _queue_blocked(waiting, pending, ids, book, rank):
                 continue  # held by its queue's quota, which never holds up other queues
+            if held_up_by_share(policy, waiting, running_now, capacity):
+                continue  # jobs LAS' top share protects keep it from fitting: it is not the head
             assert policy.backfill, f"{job_id} passed {waiting.id} without backfill"
             assert head is not None and rank[head.id] <= rank[waiting.id]
             may_backfill = (
@@ -243,6 +245,15 @@ def _queue_blocked(waiting, pending, ids, book, rank) -> bool:
         and not book.allows(smallest(other))
         for other in pending
     )
+
+
+def held_up_by_share(policy, waiting: JobRequest, running_now, capacity) -> bool:
+    """It would not fit even beside the running jobs LAS' top share protects alone (issue 51)."""
+    las = policy.las
+    if las is None or not las.protected or waiting.queue not in las.queues:
+        return False
+    kept = [allocation for allocation in running_now if allocation.job_id in las.protected]
+    return place(smallest(waiting), free_capacity([Node(n, c) for n, c in capacity.items()], kept)) is None
 
 
 def smallest(request: JobRequest) -> JobRequest:

@@ -6,6 +6,7 @@ demotion, promotion of starving jobs, minimum run time, and the tuned order `las
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -182,7 +183,8 @@ def test_top_share_protects_the_oldest_long_jobs_and_not_more():
     first = policy.schedule(HOUR, [job("a", submitted=HOUR)], held)
     assert first.preempt == ["long3"]  # the latest submitted; long0 and long1 hold the share
     third = policy.schedule(HOUR, [job("c", gpus=3, submitted=HOUR)], held)
-    assert third.preempt == [] and third.head == "c"  # only 2 GPUs may be taken from the top level
+    assert third.preempt == [] and third.head is None  # only 2 GPUs may be taken from the top level
+    assert "top share" in third.notes["c"]  # and it cannot fit beside them: not the head (issue 51)
 
 
 def test_top_share_lifts_the_oldest_waiting_long_job():
@@ -244,6 +246,27 @@ def test_a_las_share_queue_takes_the_latest_submitted_and_keeps_the_oldest_long_
     held = [running(f"long{i}", started=0.0, attained=200 * HOUR, submitted=float(i)) for i in range(4)]
     assert policy.schedule(2 * HOUR, [job("a", submitted=HOUR)], held).preempt == ["long3"]
     whole = policy.schedule(2 * HOUR, [job("b", gpus=4, submitted=HOUR)], held)
-    assert whole.preempt == [] and whole.head == "b"  # long0 holds the share
+    assert whole.preempt == [] and whole.head is None  # long0 holds the share: b cannot be the head
+    assert "top share" in whole.notes["b"]
     plain = Policy(nodes(1, 4.0), queues=CONFIG).schedule(HOUR, [job("b", gpus=4, submitted=HOUR)], held)
     assert sorted(plain.preempt) == ["long0", "long1", "long2", "long3"]
+
+
+def test_a_job_the_top_share_keeps_from_fitting_is_not_the_head():
+    """Issue 51 (11cb48 at 35 GPUs): a starving job that needs every node, where the top share
+    protects a long job on one of them, can stop nothing and hold nothing useful: as the head
+    it kept GPUs idle and the jobs behind it from choosing victims, for hundreds of hours."""
+    policy = Policy(nodes(2, 4.0), queues=CONFIG, las_tuning=TOP_HALF)  # 4 of 8 GPUs for the top level
+    held = [
+        running("old", started=0.0, attained=20 * HOUR, submitted=0.0, node="n0"),  # protected
+        running("long", gpus=4, started=0.0, submitted=1.0, node="n1"),  # 120 GPU-h at 30 h: top level
+    ]
+    wide = JobRequest("wide", 0, 2, {"GPU": 4.0}, 0.0, False, "lq", queued_since=0.0)  # starving
+    fresh, big = job("fresh", submitted=30 * HOUR), job("big", gpus=4, submitted=30 * HOUR)
+    decision = policy.schedule(30 * HOUR, [wide, fresh, big], held)
+    assert decision.admit == [("fresh", {"n0": 1})]  # the GPUs beside "old" do not sit idle
+    assert decision.reserved_for == "big" and decision.preempt == ["long"]  # the next head stops one
+    assert "top share" in decision.notes["wide"] and decision.head == "big"
+    narrow = Policy(nodes(2, 4.0), queues=CONFIG, las_tuning=replace(TOP_HALF, top_share=0.25))
+    alone = narrow.schedule(30 * HOUR, [wide], held[1:])  # "long" is not protected: "wide" is the head
+    assert alone.head == "wide" and alone.preempt == ["long"]

@@ -1,7 +1,8 @@
 """LAS' guards (issue 51), as properties: a waiting job is promoted no later than its
 starvation guard says; a running job is never stopped by LAS before its minimum run time;
-a head stops no LAS victim before it has waited `preempt_after_s`; and every job
-of a simulated cluster finishes under the order that ships (`las-share`)."""
+a head stops no LAS victim before it has waited `preempt_after_s`; no head is a job that the
+jobs LAS' top share protects keep from fitting; and every job of a simulated cluster finishes
+under the order that ships (`las-share`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from core.queues import LasSettings, validate_queue_config
 from orchestrator.policy import JobRequest, Policy
 from orchestrator.policy.las import LAS_SHARE_TUNING, Las
-from tests.scheduler_harness import simulate_cluster, workloads
+from tests.scheduler_harness import held_up_by_share, simulate_cluster, workloads
 from tests.scheduler_helpers import ACCEL
 
 times = st.floats(0, 1e6, allow_nan=False)
@@ -82,4 +83,29 @@ def test_las_stops_no_job_before_its_minimum_run_nor_for_a_head_that_has_not_wai
 
     sims = simulate_cluster(nodes, jobs, policy, check)
     event("LAS stopped a job" if checked else "no LAS victim")
+    assert all(sim.finished is not None for sim in sims.values())
+
+
+@given(workloads(), st.sampled_from([0.25, 0.4, 0.5]))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_no_head_waits_on_jobs_the_top_share_protects(workload, top_share):
+    """Issue 51: a job that would not fit even if every running job but those the top share
+    protects were gone is never the head (it could stop none of them, and as the head it held
+    GPUs idle and kept the jobs behind it from choosing victims); every job still finishes."""
+    nodes, jobs = workload
+    tuning = replace(LAS_SHARE_TUNING, top_share=top_share)
+    policy = Policy(nodes, queues=_las_config(0.0, 0.0), las_tuning=tuning)
+    policy.gpus = sum(node.capacity.get(ACCEL, 0.0) for node in nodes)  # the share counts accelerators here
+    capacity = {node.id: node.capacity for node in nodes}
+    passed_over: list[str] = []
+
+    def check(now, decision, pending, running_now):
+        for job in pending:
+            held_up = held_up_by_share(policy, job, running_now, capacity)
+            assert not (held_up and job.id == decision.head), f"{job.id} is the head but cannot fit"
+            if held_up:
+                passed_over.append(job.id)
+
+    sims = simulate_cluster(nodes, jobs, policy, check)
+    event("a job was passed over" if passed_over else "none passed over")
     assert all(sim.finished is not None for sim in sims.values())

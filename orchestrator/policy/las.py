@@ -41,7 +41,10 @@ docs/scheduler.md; a queue file chooses them with `order: las-share`, `las_of`):
   counts as promoted (level 0, holds its place). Without it, a burst of shorter jobs stops
   every long job at once, and promotion then shares the cluster among all long jobs, so
   none of them finishes (processor sharing is worst for the tail when the long jobs are
-  alike); FIFO inside a guaranteed share lets the oldest finish.
+  alike); FIFO inside a guaranteed share lets the oldest finish. A job that would not fit
+  even beside the protected jobs alone cannot be the head (`policy.py`, step 2): it could stop
+  none of them, and as the head it held every GPU it needs idle, and kept the jobs behind it
+  from stopping anyone, until they ended (issue 51: hundreds of hours on `11cb48` at 35 GPUs).
 """
 
 from __future__ import annotations

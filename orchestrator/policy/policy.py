@@ -10,7 +10,9 @@ or going) and applies the `Decision`. One pass:
    at its quota is skipped, and so is the rest of a FIFO queue (a quota never holds up other
    queues, and a FIFO queue stays FIFO). Every job that fits as a gang starts, until the first
    one that does not: the head. An elastic job starts at the largest of its sizes that fits now
-   (and fits its queue's quota); only when none does, it is the head, at its smallest size.
+   (and fits its queue's quota); only when none does, it is the head, at its smallest size. A
+   LAS job that would not fit even beside the running jobs LAS' top share protects alone is
+   passed over, not the head (`reservation._held_up_by_share`, issue 51).
 3. The head gets a reservation. If victims of an earlier pass are still stopping, and the head
    fits once they are gone, it waits for them (no new victims). Otherwise, with preemption on,
    lower-priority preemptible elastic jobs are shrunk when that lets it fit (`resize`), and
@@ -213,6 +215,7 @@ class _Pass(Reservations, Victims, Resizes):
         self.decision = Decision()
         self.reservation: Reservation | None = None
         self.spare: Spare | None = None
+        self.beside_protected: View | None = None  # free beside LAS' protected jobs alone, once needed
         self.quota_tried: set[str] = set()  # queues whose jobs looked for victims to free quota
 
     def run(self, ordered: list[JobRequest]) -> Decision:
@@ -266,6 +269,8 @@ class _Pass(Reservations, Victims, Resizes):
                         self._start(job, request, placement)
                         break
                 else:
+                    if self._held_up_by_share(job, smallest, shape):
+                        continue  # it cannot be the head: the next job in line is
                     self._reserve(job, smallest)
                     # its queue's quota is kept for it too, so that jobs of the same queue that
                     # go ahead cannot leave it without quota when its resources come free

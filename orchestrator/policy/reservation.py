@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.policy.admission import EPS, format_resources, place, positive
+from orchestrator.policy.admission import EPS, format_resources, free_capacity, place, positive
 from orchestrator.policy.preemption import choose_shrinks
-from orchestrator.policy.room import Shape, Spare, headroom, released, shadow
+from orchestrator.policy.room import Shape, Spare, View, headroom, released, shadow
 from orchestrator.policy.types import Allocation, JobRequest
 from orchestrator.policy.victims import MOVE
 
@@ -52,6 +52,24 @@ class Reservations:
         if victims and self._reserve_behind(job, head, victims, shrinks, bool(stopping), why):
             return
         self._reserve_at_shadow(head)
+
+    def _held_up_by_share(self, job: JobRequest, head: JobRequest, shape: Shape) -> bool:
+        """Whether `head` (the job at its smallest size) would not fit even if every running job
+        but those LAS' top share protects were gone. It could stop none of them and cannot know
+        when they end, so as the head it would only hold GPUs idle and keep the jobs behind it
+        from choosing victims: the next job in line is the head instead (the note says why)."""
+        las = self.policy.las
+        if las is None or not las.protected or job.queue not in las.queues:
+            return False
+        if self.beside_protected is None:  # the same for every job of the pass
+            kept = [allocation for allocation in self.running if allocation.job_id in las.protected]
+            self.beside_protected = View(free_capacity(self.policy.nodes, kept))
+        if self.beside_protected.place(head, shape) is not None:
+            return False
+        self.decision.notes[job.id] = (
+            "waiting for jobs that LAS' top share protects to end: it does not fit beside them"
+        )
+        return True
 
     def _stops_for(
         self,
