@@ -13,7 +13,8 @@ second lane beside the first, Ray's Jobs API refused its `ray job submit` under 
 available agent to submit job, please try again later"); it tries again while Ray says so, as
 Ray advises, and runs in the late lane (2026-11-29: 27 min 40 s against 29 min 10 s, with the
 early stops below and tests/test_autoscaler.py in the first lane, which then ended ~140 s after
-the other: it went back to the late lane). (Two lanes from the start, tried on 2026-11-27:
+the other; with it back in the late lane the lanes ended within 50 s of each other, 28 min 26-37
+s on a slower hour of the VM: docs/benchmarks.md). (Two lanes from the start, tried on 2026-11-27:
 three tests failed their time bounds on the 2 cores.) A test that starts a cluster in a file
 not listed here is a collection error.
 """
