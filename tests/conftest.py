@@ -153,7 +153,9 @@ class Service:
         assert result.returncode == 0, result.stdout + result.stderr
         return result
 
-    def submit(self, *sets, priority=None, steps=30, name=None, extra=()):
+    def submit(self, *sets, priority=None, steps=30, name=None, extra=(), workers=None):
+        """`orchestrator submit` of SERVICE_SPEC (2 workers, one slot each: two such jobs never
+        fit at once); `workers=1` where a test is not about the gang (half the CPU of a start)."""
         args = [
             "submit",
             SERVICE_SPEC,
@@ -168,6 +170,8 @@ class Service:
         ]
         if name:
             args += ["--set", f"name={name}"]
+        if workers is not None:
+            args += ["--set", f"resources.num_workers={workers}"]
         for s in sets:
             args += ["--set", s]
         if priority is not None:

@@ -26,23 +26,22 @@ def ray_run(head, storage, *overrides, summary=None, timeout=240):
     return result, json.loads(Path(summary).read_text()) if summary else None
 
 
+STRAYS_RUN = ("checkpoint.keep=2", "resources.num_workers=1")  # one rank is enough: half the CPU
+
+
 @pytest.mark.timeout(600)
 def test_on_ray_strays_never_count_and_a_checkpoint_deleted_by_hand_does_not_stop_the_job(ray_head, tmp_path):
     run_dir = tmp_path / "convnet-digits"
-    ray_run(ray_head, tmp_path, "train.steps=10", "checkpoint.keep=2")
+    ray_run(ray_head, tmp_path, "train.steps=10", *STRAYS_RUN)
     strays = make_strays(run_dir)
-    _, summary = ray_run(
-        ray_head, tmp_path, "train.steps=20", "checkpoint.keep=2", summary=tmp_path / "2.json"
-    )
+    _, summary = ray_run(ray_head, tmp_path, "train.steps=20", *STRAYS_RUN, summary=tmp_path / "2.json")
     assert summary["resumed_from"]["step"] == 10
     assert checkpoints(run_dir) == sorted(["checkpoint_00000015", "checkpoint_00000020", *strays])
     assert {item["checkpoint"] for item in summary["checkpoints_left"]} == set(strays)
 
     # a person removes the newest checkpoint (say it was damaged): Ray had registered it
     shutil.rmtree(run_dir / "checkpoint_00000020")
-    third, summary = ray_run(
-        ray_head, tmp_path, "train.steps=25", "checkpoint.keep=2", summary=tmp_path / "3.json"
-    )
+    third, summary = ray_run(ray_head, tmp_path, "train.steps=25", *STRAYS_RUN, summary=tmp_path / "3.json")
     assert summary["resumed_from"]["step"] == 15 and summary["steps"] == 25
     assert "resuming at step 15" in third.stdout
     assert checkpoints(run_dir) == sorted(["checkpoint_00000020", "checkpoint_00000025", *strays])

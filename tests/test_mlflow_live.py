@@ -32,7 +32,7 @@ def test_a_job_is_one_run_across_a_preemption_and_a_tracking_server_that_died(se
     experiment, client = f"live-{secrets.token_hex(3)}", MlflowClient(mlflow_server.uri)
     name = service.paced("tracked")  # training, at the test's pace, until released
     tracking = [f"tracking.mlflow.uri={mlflow_server.uri}", f"tracking.mlflow.experiment={experiment}"]
-    job = service.submit(*tracking, "checkpoint.every_steps=50", name=name, steps=300)
+    job = service.submit(*tracking, "checkpoint.every_steps=50", name=name, steps=300, workers=1)
     service.wait(job, lambda j: j["state"] == "running" and j["step"] >= 20, what="progress")
     deadline = time.time() + 60
     while not ((runs := runs_of(client, experiment)) and loss_steps(client, runs[0].info.run_id)):
@@ -77,7 +77,7 @@ def test_a_run_whose_server_was_down_from_mid_run_to_after_the_end_is_completed_
         experiment, client = f"down-{secrets.token_hex(3)}", MlflowClient(server.uri)
         name = service.paced("tracked-down")
         tracking = [f"tracking.mlflow.uri={server.uri}", f"tracking.mlflow.experiment={experiment}"]
-        job = service.submit(*tracking, name=name, steps=200)
+        job = service.submit(*tracking, name=name, steps=200, workers=1)
         service.wait(job, lambda j: j["state"] == "running" and j["step"] >= 20, what="progress")
         deadline = time.time() + 60
         while not ((runs := runs_of(client, experiment)) and loss_steps(client, runs[0].info.run_id)):

@@ -13,7 +13,9 @@ import pytest
 
 from tests.conftest import ROOT, run_cli
 
-SPEC = "jobs/convnet.yaml"
+SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits
+# where a test is about the way in, not the gang: half the CPU of a start on the 2 cores
+ONE_WORKER = ("--set", "resources.num_workers=1")
 
 
 def cli(head, *args, env=None, timeout=240):
@@ -38,6 +40,7 @@ def test_submit_wait_runs_the_job_and_the_job_commands_show_it(ray_head, tmp_pat
         "train.steps=5",
         "--set",
         f"checkpoint.storage={tmp_path}",
+        *ONE_WORKER,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stdout.splitlines()[0] == submission
@@ -120,6 +123,7 @@ def test_plain_ray_job_submit(ray_head, tmp_path, entrypoint):
         "train.steps=5",
         "--set",
         f"checkpoint.storage={tmp_path}",
+        *ONE_WORKER,
     ]
     result = subprocess.run(
         command, cwd=ROOT, env={**os.environ, **ray_head.env}, capture_output=True, text=True, timeout=280
@@ -143,6 +147,7 @@ def test_stop_ends_a_running_job(ray_head, tmp_path):
         "train.steps=100000",
         "--set",
         f"checkpoint.storage={tmp_path}",
+        *ONE_WORKER,
     )
     assert result.returncode == 0 and result.stdout.strip() == submission
     deadline = time.time() + 180  # stop it once its driver is up and starting the workers

@@ -21,6 +21,8 @@ from tests.proc_threads import busy_thread_policies, someone_else_busy
 from workers.checkpoint import incomplete_reason
 
 SPEC = "jobs/convnet.yaml"  # 2 workers, DDP, digits: loads instantly
+# where a test is not about the ranks: half the CPU of a start on the 2 cores
+ONE_WORKER = "resources.num_workers=1"
 
 
 def run(head, storage, *overrides, summary=None, env=None, address=True, timeout=240):
@@ -107,7 +109,7 @@ def test_ddp_job_checkpoints_to_storage_and_resumes(ray_head, tmp_path):
 def test_a_resume_reports_the_checkpoints_step_not_the_last_logged_one(ray_head, tmp_path):
     """Checkpoint at step 3, logged steps 4 and 6: resuming from step 3 says 3 (the log it
     restores holds no step at all yet)."""
-    common = ["checkpoint.every_steps=3", "metrics.log_every=4"]
+    common = ["checkpoint.every_steps=3", "metrics.log_every=4", ONE_WORKER]
     first = run(ray_head, tmp_path, "train.steps=6", *common)
     assert first.returncode == 0, first.stderr[-3000:]
     resume = tmp_path / "convnet-digits" / "checkpoint_00000003"
@@ -202,6 +204,7 @@ def test_local_cluster_run_fails_on_nan_and_keeps_the_last_good_checkpoint(ray_h
         "train.steps=10",
         "checkpoint.every_steps=1",
         "metrics.log_every=1",
+        ONE_WORKER,
         "optimizer.lr=10",  # decoupled weight decay multiplies each weight by 1 - 10 x 10 per step
         "optimizer.weight_decay=10",
         address=False,
@@ -319,6 +322,7 @@ def test_resume_takes_the_newest_complete_checkpoint_in_storage(ray_head, tmp_pa
         "checkpoint.keep=10",
         "metrics.log_every=20",
         "train.eval_every=null",
+        ONE_WORKER,
     ]:
         args += ["--set", override]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **ray_head.env}
@@ -357,6 +361,7 @@ def test_resume_takes_the_newest_complete_checkpoint_in_storage(ray_head, tmp_pa
         "checkpoint.every_steps=20",
         "checkpoint.keep=10",
         "metrics.log_every=20",
+        ONE_WORKER,
         summary=tmp_path / "again.json",
     )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -374,6 +379,7 @@ def test_resume_takes_the_newest_complete_checkpoint_in_storage(ray_head, tmp_pa
         "checkpoint.every_steps=20",
         "checkpoint.keep=10",
         "metrics.log_every=20",
+        ONE_WORKER,
         summary=tmp_path / "third.json",
     )
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]

@@ -153,7 +153,7 @@ def controller_alive(service, name: str) -> bool:
 def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
     """Before the first step there is nothing to checkpoint: the start is cancelled (Ray Train's
     controller, workers and placement group end with it), not waited out for the grace period."""
-    stopped = service.submit(name="stopped-early", steps=3000)
+    stopped = service.submit(name="stopped-early", steps=3000, workers=1)
     service.wait(stopped, lambda j: j["state"] == "admitted", what="admitted")
     asked = time.time()
     assert service.cli("stop", stopped).returncode == 0
@@ -170,7 +170,7 @@ def test_a_stop_or_preemption_during_start_up_ends_the_start_at_once(service):
         assert time.time() < deadline, "the stopped start's attempt controller is still there"
         time.sleep(0.5)
 
-    preempted = service.submit(name="preempted-early", steps=20)
+    preempted = service.submit(name="preempted-early", steps=20, workers=1)
     service.wait(preempted, lambda j: j["state"] == "admitted", what="admitted")
     asked = time.time()
     assert service.cli("preempt", preempted).returncode == 0
@@ -271,7 +271,7 @@ def cli_driver_rows(service, command: str) -> int:
 def test_submit_queue_and_status_talk_to_the_service_over_http_and_leave_ray_s_job_list_alone(service):
     service.up()  # records the page again: a test above may have had the service restarted on another port
     submits = cli_driver_rows(service, "submit")
-    job_id = service.done(service.submit(name="read-quickly", steps=10))["id"]
+    job_id = service.done(service.submit(name="read-quickly", steps=10, workers=1))["id"]
     assert cli_driver_rows(service, "submit") == submits  # queued over HTTP, not as a Ray driver
     before = {command: cli_driver_rows(service, command) for command in ("queue", "status")}
     queue = service.cli("queue", "--all")
@@ -292,7 +292,7 @@ def test_the_service_process_never_loads_the_data_plane(service):
     train. (It reads the catalogue of model presets and data sources a spec sent over HTTP is
     checked against: `page_view.SPEC_CATALOGUE`.)"""
     if not any(service.store.glob("jobs/*.json")):
-        service.done(service.submit(name="control-plane"))
+        service.done(service.submit(name="control-plane", workers=1))
     # the service actor may have been restarted by a test above, on another port: `up` finds it
     up = service.cli(*service.up_args())
     assert up.returncode == 0 and "already running" in up.stdout, up.stdout + up.stderr
@@ -330,6 +330,8 @@ def test_unwritable_storage_is_refused_at_submission_and_never_retried(service):
         "name=bad-store-late",
         "--set",
         "resources.custom_per_worker.slot=1",
+        "--set",
+        "resources.num_workers=1",
     )
     assert through.returncode == 1, through.stdout[-2000:] + through.stderr[-2000:]
     [job] = [json.loads(p.read_text()) for p in set(service.store.glob("jobs/*.json")) - jobs_before]

@@ -45,6 +45,8 @@ def test_ray_job_submit_goes_through_the_queue(service):
         f"checkpoint.storage={service.runs}",
         "--set",
         "name=via-ray",
+        "--set",
+        "resources.num_workers=1",  # the way in is the test, not the gang
     ]
     result = subprocess.run(
         command, cwd=ROOT, env={**os.environ, **service.env}, capture_output=True, text=True, timeout=400
@@ -68,6 +70,7 @@ def test_ray_job_submit_goes_through_the_queue(service):
 
 def run_args(service, *sets: str) -> list[str]:
     args = ["run", SPEC, "--address", service.head.address, "--set", "resources.custom_per_worker.slot=1"]
+    sets = ("resources.num_workers=1", *sets)  # the way in is the test, not the gang
     return args + [arg for s in sets for arg in ("--set", s)]
 
 
@@ -142,7 +145,7 @@ def test_the_queue_survives_the_service_actor_dying(service):
     lease = service.store / "service.json"
     generation = json.loads(lease.read_text())["generation"]
     name = service.paced("through-restart")  # still training when the service is back
-    job_id = service.submit(name=name, steps=600)
+    job_id = service.submit(name=name, steps=600, workers=1)
     service.wait(job_id, lambda j: j["state"] == "running" and j["step"] >= 50, what="progress")
     _kill_service_actor(service)  # Ray restarts it; it reloads the queue from its store
     deadline = time.time() + 120
@@ -159,7 +162,7 @@ def test_the_queue_survives_the_service_actor_dying(service):
 @pytest.mark.timeout(600)
 def test_a_job_whose_attempt_controller_dies_resumes_from_its_newest_complete_checkpoint(service):
     name = service.paced("survivor")  # still training when its attempt's controller dies
-    job_id = service.submit("checkpoint.every_steps=50", name=name, steps=600)
+    job_id = service.submit("checkpoint.every_steps=50", name=name, steps=600, workers=1)
     # `orchestrator logs --follow` with the id submit printed follows the job across its attempts
     follower = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", "logs", "--follow", job_id],

@@ -121,7 +121,7 @@ def test_a_member_is_refused_the_other_teams_queue_and_jobs_and_the_queues_and_a
     refused_in_one_line(as_user(service, ann, *submit_args("qb", "ann-in-b", 10, service.runs)), "qb", TEAM_A)
     assert {p.name for p in (service.store / "jobs").iterdir()} == jobs_before  # nothing queued
 
-    job_id = submit_as(service, bert, "qb", "berts", steps=100_000)  # stopped by the test
+    job_id = submit_as(service, bert, "qb", "berts", steps=100_000, workers=1)  # stopped by the test
     job = service.wait(job_id, lambda j: j["state"] == "running", what="running")
     assert (job["user"], job["team"]) == (f"bert-{SUFFIX}", TEAM_B)
     refused_in_one_line(as_user(service, ann, "stop", job_id), job_id, "its own jobs")
