@@ -33,12 +33,12 @@ TINY = {
     "vit_b16": (
         {"family": "vit", "preset": "vit_micro", "overrides": {"depth": 1}},
         {"source": "synthetic", "kind": "image", "image_size": 28, "in_channels": 1, "num_classes": 10},
-        8,
+        2,
     ),
     "gpt2_small": (
         {"family": "gpt", "preset": "gpt_nano", "overrides": {"n_layer": 1}},
         {"source": "synthetic", "kind": "tokens", "seq_len": 16, "vocab_size": 64},
-        4,
+        2,
     ),
 }
 

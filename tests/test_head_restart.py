@@ -98,8 +98,10 @@ def test_a_head_lost_without_redis_keeps_the_queue_and_the_next_up_resumes_its_j
         svc.up()
         serving = True
         name = svc.paced("trains-on-s3", 0.02)  # still training when the head dies
-        trains = svc.submit("checkpoint.every_steps=200", steps=1000, name=name)
-        waits = svc.submit("resources.num_workers=1", steps=30, name="waits")  # no room beside it
+        # one worker that holds both slots (half the CPU of two at each start): no room beside it
+        one_of_two = ("resources.custom_per_worker.slot=2", "checkpoint.every_steps=200")
+        trains = svc.submit(*one_of_two, steps=1000, name=name, workers=1)
+        waits = svc.submit("resources.num_workers=1", steps=30, name="waits")
         svc.wait(trains, lambda j: j["state"] == "running", what="running")
         deadline = time.time() + 120  # until its metrics log (flushed every few seconds) has step 500
         while not (steps := logged_steps(f"{svc.runs}/{name}")) or steps[-1] < 500:

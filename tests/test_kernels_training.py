@@ -18,11 +18,13 @@ ALL_TRITON = [
 # optimizer steps amplify a little: 1e-4 relative still catches any wrong gradient
 TOLERANCE = 1e-4
 
+# one block each: every kernel is in it, and the interpreter runs each Triton program in Python
 MODELS = {
-    "vit": ["model.family=vit", "model.preset=vit_micro", "data.source=digits"],
+    "vit": ["model.family=vit", "model.preset=vit_micro", "model.overrides={depth: 1}", "data.source=digits"],
     "gpt": [
         "model.family=gpt",
         "model.preset=gpt_nano",
+        "model.overrides={n_layer: 1}",
         "data.source=synthetic",
         "data.kind=tokens",
         "data.seq_len=16",
