@@ -8,9 +8,10 @@ psutil), naming each by kind: a Ray worker by its title (`ray::RayTrainWorker`,
 name (raylet, gcs_server, dashboard, agents), pytest's workers, torchrun's ranks, the product's
 CLI, the test servers (MLflow, moto, Prometheus, Chromium). A kind is read again at each sample,
 so a Ray worker's boot counts as `ray:default_worker`/`ray::IDLE` and its work under its actor's
-title. Printed at the end: CPU seconds by kind, their sum, and the wall time; the JSON has the
-same. Ground truth from the kernel's counters; a process that lives under a second is missed
-(the CLI's quickest calls), and so is what ran before the command started.
+title. Printed at the end: CPU seconds by kind, their sum, the wall time, and the machine's pace
+measured before and after (`pace()`); the JSON has the same. Ground truth from the kernel's
+counters; a process that lives under a second is missed (the CLI's quickest calls), and so is
+what ran before the command started.
 """
 
 from __future__ import annotations
@@ -75,14 +76,27 @@ def sample(seen: dict, spent: collections.Counter, since: float) -> None:
         del seen[key]
 
 
+def pace(seconds: float = 2.0) -> float:
+    """Millions of loop iterations per CPU second of this process: the machine's speed just
+    now. A VM's vCPU runs at another pace from hour to hour (its host's load), so the same
+    work costs other CPU seconds; the pace before and after tells runs of other hours apart."""
+    start, n = time.process_time(), 0
+    while time.process_time() - start < seconds:
+        for _ in range(100_000):
+            n += 1
+    return n / (time.process_time() - start) / 1e6
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the figures to this JSON file too")
+    parser.add_argument("--pace-s", type=float, default=2.0, help="CPU seconds of each pace reading")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
+    pace_before = pace(args.pace_s)
     started = time.time()
     seen: dict = {}
     spent: collections.Counter = collections.Counter()
@@ -95,12 +109,15 @@ def main() -> int:
     wall = time.time() - started
     spent = +spent
     total = sum(spent.values())
+    pace_after = pace(args.pace_s)
     ran = f"{' '.join(command)}: exit {process.returncode}, {wall:.0f} s"
     print(f"{ran}, {total:.0f} CPU s ({total / wall:.2f} cores)")
+    print(f"pace: {pace_before:.1f} before, {pace_after:.1f} after (million loop steps per CPU second)")
     for kind, seconds in spent.most_common(25):
         print(f"  {seconds:8.1f}  {kind}")
     if args.out:
         figures = {"command": command, "exit": process.returncode, "wall_s": round(wall, 1)}
+        figures["pace"] = {"before": round(pace_before, 2), "after": round(pace_after, 2)}
         figures["cpu_s"] = {kind: round(s, 1) for kind, s in spent.most_common()}
         with open(args.out, "w") as out:
             json.dump(figures, out, indent=1)

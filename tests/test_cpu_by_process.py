@@ -34,10 +34,11 @@ def test_a_commands_cpu_is_counted_under_its_kind(tmp_path):
     busy.symlink_to(os.path.realpath(sys.executable))
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 3: pass"
     out = tmp_path / "cpu.json"
-    script = [sys.executable, str(ROOT / "bench/cpu_by_process.py"), "--out", str(out)]
+    script = [sys.executable, str(ROOT / "bench/cpu_by_process.py"), "--out", str(out), "--pace-s", "0.2"]
     done = subprocess.run([*script, "--", str(busy), "-c", burn], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     figures = json.loads(out.read_text())
     assert figures["exit"] == 0 and figures["wall_s"] >= 3
     assert 1.5 <= figures["cpu_s"]["busy-child"] <= 3.5, figures
     assert "CPU s (" in done.stdout and "busy-child" in done.stdout
+    assert figures["pace"]["before"] > 0 and figures["pace"]["after"] > 0
