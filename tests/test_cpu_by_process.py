@@ -5,10 +5,8 @@ import os
 import subprocess
 import sys
 
+from bench.cpu_by_process import kind_of
 from tests.conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "bench"))
-from cpu_by_process import kind_of  # noqa: E402
 
 
 def test_processes_are_named_by_what_they_are():
